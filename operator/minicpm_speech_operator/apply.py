@@ -1,0 +1,106 @@
+"""Converge one child object onto its desired state, idempotently.
+
+Only the fields the operator sets are compared: the API server adds defaults, and other
+controllers (or a user's `kubectl rollout restart`) add keys that are theirs to keep.
+A field the operator sets and someone changed is restored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from .errors import InvalidSpec
+from .kubeapi import AlreadyExists, KubeApi
+
+Action = Literal["created", "updated", "unchanged"]
+
+# Maps the operator owns whole: a key it no longer sets is removed, not left behind.
+OWNED_MAPS: dict[str, list[tuple[str, ...]]] = {
+    "ConfigMap": [("data",)],
+    "Deployment": [("spec", "template", "spec", "nodeSelector")],
+}
+
+
+class ChildConflict(InvalidSpec):
+    reason = "ChildConflict"
+
+
+def is_subset(desired: Any, live: Any) -> bool:
+    """True when every field of ``desired`` has the same value in ``live``."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(
+            is_subset(value, live.get(key)) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (isinstance(live, list) and len(desired) == len(live)
+                and all(map(is_subset, desired, live)))
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return desired is live
+    # The API server answers quantities as strings ("1" for nvidia.com/gpu: 1).
+    return desired == live or str(desired) == str(live)
+
+
+def is_controlled_by(live: Mapping[str, Any], owner_uid: str) -> bool:
+    return any(
+        ref.get("uid") == owner_uid and ref.get("controller")
+        for ref in live.get("metadata", {}).get("ownerReferences") or []
+    )
+
+
+MapPath = tuple[str, ...]
+
+
+def stale_keys(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[MapPath, list[str]]:
+    """Keys of owned maps that live still has and desired no longer sets, by map path."""
+    stale: dict[MapPath, list[str]] = {}
+    for path in OWNED_MAPS.get(desired["kind"], []):
+        wanted = _dig(desired, path) or {}
+        extra = [key for key in _dig(live, path) or {} if key not in wanted]
+        if extra:
+            stale[path] = extra
+    return stale
+
+
+def merge_patch(desired: dict[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """The desired object as a merge patch, with stale keys of owned maps set to null."""
+    patch = {key: value for key, value in desired.items() if key not in ("apiVersion", "kind")}
+    for path, keys in stale_keys(desired, live).items():
+        _put(patch, path, {**(_dig(desired, path) or {}), **dict.fromkeys(keys)})
+    return patch
+
+
+def _dig(obj: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)  # type: ignore[assignment]
+    return obj
+
+
+def _put(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        obj = obj.setdefault(key, {})
+    obj[path[-1]] = value
+
+
+async def apply(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> tuple[Any, Action]:
+    kind, meta = desired["kind"], desired["metadata"]
+    live = await api.get(kind, meta["namespace"], meta["name"])
+    if live is None:
+        try:
+            return await api.create(desired), "created"
+        except AlreadyExists:
+            live = await api.get(kind, meta["namespace"], meta["name"])
+            if live is None:
+                raise
+    if not is_controlled_by(live, owner_uid):
+        raise ChildConflict(
+            f"{kind} {meta['name']}",
+            "exists and is not controlled by this MiniCPMSpeech",
+            "Delete or rename that object, or give this MiniCPMSpeech another name",
+        )
+    if is_subset(desired, live) and not stale_keys(desired, live):
+        return live, "unchanged"
+    patched = await api.patch(kind, meta["namespace"], meta["name"], merge_patch(desired, live))
+    return patched, "updated"

@@ -1,0 +1,142 @@
+"""Every Kubernetes API call the reconciler makes goes through this one small client.
+
+Objects travel as plain dicts (raw JSON, no model round-trip that could drop fields).
+Absence is ``None``, not an exception; a conflict on create is reported as such so
+the caller can converge instead of failing. The blocking client runs on a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client as k8s
+import kubernetes.config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from .manifests import GROUP
+
+MERGE_PATCH = "application/merge-patch+json"
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+class AlreadyExists(Exception):
+    pass
+
+
+def load_configuration() -> k8s.Configuration:
+    """In a pod, the service account; elsewhere the kubeconfig named by KUBECONFIG now.
+
+    Read at call time, not import time, so a process can be pointed at a new cluster.
+    """
+    configuration = k8s.Configuration()
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig and SERVICE_ACCOUNT_TOKEN.exists():
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    else:
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return configuration
+
+
+@dataclass(frozen=True, slots=True)
+class _Verbs:
+    read: Callable[..., Any]
+    create: Callable[..., Any]
+    patch: Callable[..., Any]
+
+
+class KubeApi:
+    def __init__(self, configuration: k8s.Configuration) -> None:
+        client = k8s.ApiClient(configuration)
+        core, apps = k8s.CoreV1Api(client), k8s.AppsV1Api(client)
+        self._custom = k8s.CustomObjectsApi(client)
+        self._verbs = {
+            "ConfigMap": _verbs(core, "namespaced_config_map"),
+            "Secret": _verbs(core, "namespaced_secret"),
+            "Service": _verbs(core, "namespaced_service"),
+            "Deployment": _verbs(apps, "namespaced_deployment"),
+        }
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await _absent_as_none(self._verbs[kind].read, name, namespace)
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        verbs = self._verbs[body["kind"]]
+        try:
+            return await _call(verbs.create, body["metadata"]["namespace"], body)
+        except ApiException as error:
+            if error.status == 409:
+                raise AlreadyExists(body["metadata"]["name"]) from error
+            raise
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> Any:
+        return await _call(self._verbs[kind].patch, name, namespace, patch,
+                           _content_type=MERGE_PATCH)
+
+    async def get_speech(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await _absent_as_none(self._custom.get_namespaced_custom_object,
+                                     GROUP, "v1alpha1", namespace, "minicpmspeeches", name)
+
+    async def create_speech(self, body: dict[str, Any]) -> dict[str, Any]:
+        namespace = body["metadata"].get("namespace", "default")
+        created: dict[str, Any] = await _call(self._custom.create_namespaced_custom_object,
+                                              GROUP, "v1alpha1", namespace, "minicpmspeeches", body)
+        return created
+
+    async def patch_speech(self, namespace: str, name: str, patch: dict[str, Any]) -> Any:
+        return await _call(self._custom.patch_namespaced_custom_object,
+                           GROUP, "v1alpha1", namespace, "minicpmspeeches", name, patch,
+                           _content_type=MERGE_PATCH)
+
+    async def patch_speech_status(self, namespace: str, name: str, status: dict[str, Any]) -> Any:
+        return await _call(self._custom.patch_namespaced_custom_object_status,
+                           GROUP, "v1alpha1", namespace, "minicpmspeeches", name,
+                           {"status": status}, _content_type=MERGE_PATCH)
+
+
+def _verbs(api: Any, suffix: str) -> _Verbs:
+    return _Verbs(
+        read=getattr(api, f"read_{suffix}"),
+        create=getattr(api, f"create_{suffix}"),
+        patch=getattr(api, f"patch_{suffix}"),
+    )
+
+
+async def _call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    response = await asyncio.to_thread(method, *args, _preload_content=False, **kwargs)
+    return json.loads(response.data)
+
+
+async def _absent_as_none(method: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = await _call(method, *args)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return found
+
+
+def connection_info(configuration: k8s.Configuration) -> Any:
+    """The same credentials, for Kopf's own watches, so both clients see one cluster."""
+    import kopf
+
+    authorization = (configuration.api_key or {}).get("authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        scheme=scheme or None,
+        token=token or None,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        default_namespace=None,
+    )

@@ -1,0 +1,299 @@
+"""Pure builders: (resource, spec, serving config) -> the child objects as plain dicts.
+
+The pod contract with the serving image lives here: the image's ``minicpm-speech-runtime
+serve`` supervisor starts the MPS control daemon (when asked), then the exact
+``vllm serve ... --omni`` command given after ``--``, runs the warm-up that precaptures
+every CUDA graph, and only then answers 200 on ``/readyz`` of the health port.
+``/livez`` answers 200 while the server process and MPS daemon are alive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .serving_config import ServingConfig
+from .spec import SpeechSpec
+
+GROUP = "serving.minicpm-speech.io"
+API_VERSION = f"{GROUP}/v1alpha1"
+KIND = "MiniCPMSpeech"
+CONFIG_HASH_KEY = f"{GROUP}/config-hash"
+MANAGED_BY = "minicpm-speech-operator"
+
+DEPLOY_CONFIG_FILE = "deploy-config.yaml"
+DEPLOY_CONFIG_DIR = "/etc/minicpm-speech"
+MODEL_DIR = "/models"
+CACHE_DIR = "/var/cache/minicpm-speech"
+MPS_PIPE_DIR = "/run/nvidia-mps"
+MPS_LOG_DIR = "/var/log/nvidia-mps"
+SERVING_UID = 1000
+STARTUP_PROBE_PERIOD_SECONDS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    name: str
+    namespace: str
+    uid: str
+
+
+def owner_of(body: dict[str, Any]) -> Owner:
+    meta = body["metadata"]
+    return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+def selector_labels(owner: Owner) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "minicpm-speech",
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": "server",
+    }
+
+
+def child_labels(owner: Owner, cfg: ServingConfig) -> dict[str, str]:
+    return {
+        **selector_labels(owner),
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        CONFIG_HASH_KEY: cfg.config_hash,
+    }
+
+
+def configmap_name(owner: Owner) -> str:
+    return f"{owner.name}-deploy-config"
+
+
+def endpoint_url(owner: Owner, spec: SpeechSpec) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{spec.runtime.port}/v1"
+
+
+def _metadata(owner: Owner, name: str, cfg: ServingConfig) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": child_labels(owner, cfg),
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def build_configmap(owner: Owner, cfg: ServingConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, configmap_name(owner), cfg),
+        "data": {DEPLOY_CONFIG_FILE: cfg.deploy_config},
+    }
+
+
+def build_service(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, owner.name, cfg),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner),
+            "ports": [
+                {"name": "http", "port": spec.runtime.port, "targetPort": "http"},
+                {"name": "metrics", "port": spec.runtime.health_port, "targetPort": "health"},
+            ],
+        },
+    }
+
+
+def build_deployment(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, owner.name, cfg),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(owner)},
+            "strategy": _rollout_strategy(spec.replicas),
+            # A stuck rollout is reported only after the longest legitimate start.
+            "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 600,
+            "template": {
+                "metadata": {
+                    "labels": child_labels(owner, cfg),
+                    "annotations": {CONFIG_HASH_KEY: cfg.config_hash},
+                },
+                "spec": _pod_spec(owner, spec),
+            },
+        },
+    }
+
+
+def build_children(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> list[dict[str, Any]]:
+    """In apply order: the config exists before the pod that mounts it."""
+    return [
+        build_configmap(owner, cfg),
+        build_deployment(owner, spec, cfg),
+        build_service(owner, spec, cfg),
+    ]
+
+
+def _rollout_strategy(replicas: int) -> dict[str, Any]:
+    # Each pod holds a whole GPU: a surge pod would wait for a GPU that is not free.
+    if replicas <= 1:
+        return {"type": "Recreate"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def _pod_spec(owner: Owner, spec: SpeechSpec) -> dict[str, Any]:
+    rt = spec.runtime
+    pod: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SERVING_UID,
+            "runAsGroup": SERVING_UID,
+            "fsGroup": SERVING_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # Draining streams, then quitting the MPS daemon cleanly, takes a moment.
+        "terminationGracePeriodSeconds": 120,
+        "enableServiceLinks": False,
+        "containers": [_server_container(spec)],
+        "volumes": _volumes(owner, spec),
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            *rt.tolerations,
+        ],
+    }
+    if rt.node_selector:
+        pod["nodeSelector"] = dict(rt.node_selector)
+    return pod
+
+
+def _server_container(spec: SpeechSpec) -> dict[str, Any]:
+    rt = spec.runtime
+    resources = {kind: dict(values) for kind, values in rt.resources.items()}
+    resources.setdefault("limits", {})["nvidia.com/gpu"] = 1
+    resources.setdefault("requests", {})["nvidia.com/gpu"] = 1
+    return {
+        "name": "server",
+        "image": rt.image,
+        "imagePullPolicy": rt.image_pull_policy,
+        "command": ["minicpm-speech-runtime", "serve"],
+        "args": [*supervisor_args(spec), "--", *vllm_serve_command(spec)],
+        "env": _environment(spec),
+        "ports": [
+            {"name": "http", "containerPort": rt.port, "protocol": "TCP"},
+            {"name": "health", "containerPort": rt.health_port, "protocol": "TCP"},
+        ],
+        "resources": resources,
+        "volumeMounts": _volume_mounts(spec),
+        "startupProbe": _probe("/readyz", rt.health_port, period=STARTUP_PROBE_PERIOD_SECONDS,
+                               failures=math.ceil(rt.startup_timeout_seconds
+                                                  / STARTUP_PROBE_PERIOD_SECONDS)),
+        "readinessProbe": _probe("/readyz", rt.health_port, period=5, failures=3),
+        "livenessProbe": _probe("/livez", rt.health_port, period=10, failures=6),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
+def supervisor_args(spec: SpeechSpec) -> list[str]:
+    rt = spec.runtime
+    args = ["--health-port", str(rt.health_port), "--server-port", str(rt.port)]
+    if rt.mps_enabled:
+        args += ["--mps", "--mps-active-thread-percentage", str(rt.mps_active_thread_percentage)]
+    else:
+        args.append("--no-mps")
+    args.append("--precapture" if rt.graph_precapture else "--no-precapture")
+    return args
+
+
+def vllm_serve_command(spec: SpeechSpec) -> list[str]:
+    model = spec.model
+    target = model.hub_repo if model.from_hub else f"{MODEL_DIR}/{model.claim_path}".rstrip("/")
+    command = [
+        "vllm", "serve", str(target), "--omni",
+        "--deploy-config", f"{DEPLOY_CONFIG_DIR}/{DEPLOY_CONFIG_FILE}",
+        "--host", "0.0.0.0", "--port", str(spec.runtime.port),
+        "--served-model-name", model.served_model_name,
+    ]
+    if model.hub_revision:
+        command += ["--revision", model.hub_revision]
+    return command
+
+
+def _environment(spec: SpeechSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "VLLM_WORKER_MULTIPROC_METHOD", "value": "spawn"},
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "HF_HUB_OFFLINE", "value": "0" if spec.model.from_hub else "1"},
+    ]
+    token = spec.model.hub_token
+    if token is not None:
+        # By reference only: the token never appears in the Deployment or any ConfigMap.
+        env.append({"name": "HF_TOKEN", "valueFrom": {
+            "secretKeyRef": {"name": token.name, "key": token.key}}})
+    if spec.runtime.mps_enabled:
+        env += [
+            {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": MPS_PIPE_DIR},
+            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": MPS_LOG_DIR},
+            {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+             "value": str(spec.runtime.mps_active_thread_percentage)},
+        ]
+    return env
+
+
+def _volume_mounts(spec: SpeechSpec) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": "deploy-config", "mountPath": DEPLOY_CONFIG_DIR, "readOnly": True},
+        {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if not spec.model.from_hub:
+        mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
+    if spec.runtime.mps_enabled:
+        mounts += [
+            {"name": "mps-pipe", "mountPath": MPS_PIPE_DIR},
+            {"name": "mps-log", "mountPath": MPS_LOG_DIR},
+        ]
+    return mounts
+
+
+def _volumes(owner: Owner, spec: SpeechSpec) -> list[dict[str, Any]]:
+    model, rt = spec.model, spec.runtime
+    cache: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": model.cache_claim}}
+        if model.cache_claim
+        else {"emptyDir": {"sizeLimit": model.cache_size_limit}}
+    )
+    volumes: list[dict[str, Any]] = [
+        {"name": "deploy-config", "configMap": {"name": configmap_name(owner)}},
+        {"name": "cache", **cache},
+        # The pipeline's stages hand tensors to each other through shared memory.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": rt.shm_size_limit}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if not model.from_hub:
+        volumes.append({"name": "model", "persistentVolumeClaim": {
+            "claimName": model.claim_name, "readOnly": True}})
+    if rt.mps_enabled:
+        volumes += [{"name": "mps-pipe", "emptyDir": {}}, {"name": "mps-log", "emptyDir": {}}]
+    return volumes
+
+
+def _probe(path: str, port: int, *, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }

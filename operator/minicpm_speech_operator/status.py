@@ -1,0 +1,159 @@
+"""Pure status computation: what `kubectl get mcs` and the conditions say, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidSpec
+
+READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the resource serves now: set when the spec was valid, kept when it is not."""
+
+    profile: str
+    config_hash: str
+    endpoint: str
+    configmap: str
+
+
+def rollout_conditions(deployment: Mapping[str, Any] | None, replicas: int) -> list[Condition]:
+    """Ready and Progressing read off the Deployment the operator owns."""
+    if deployment is None:
+        return [
+            Condition(READY, False, "NoDeployment", "The serving Deployment does not exist yet"),
+            Condition(PROGRESSING, True, "Creating", "Creating the serving Deployment"),
+        ]
+    status = deployment.get("status") or {}
+    ready = status.get("readyReplicas", 0)
+    updated = status.get("updatedReplicas", 0)
+    observed = status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
+    if replicas == 0:
+        return [
+            Condition(READY, False, "ScaledToZero", "spec.replicas is 0"),
+            Condition(PROGRESSING, False, "ScaledToZero", "No pods are wanted"),
+        ]
+    if _deadline_exceeded(status):
+        return [
+            Condition(READY, ready >= replicas, "RolloutStuck",
+                      f"{ready}/{replicas} pods ready; the rollout exceeded its deadline"),
+            Condition(PROGRESSING, False, "RolloutStuck",
+                      "Pods did not pass warm-up within spec.runtime.startupTimeoutSeconds"),
+        ]
+    if observed and updated >= replicas and ready >= replicas:
+        return [
+            Condition(READY, True, "WarmedUp",
+                      f"{ready}/{replicas} pods warmed up, graphs captured, serving"),
+            Condition(PROGRESSING, False, "Complete", "The current configuration is rolled out"),
+        ]
+    return [
+        Condition(READY, False, "WaitingForWarmup",
+                  f"{ready}/{replicas} pods ready; pods report ready only after warm-up"),
+        Condition(PROGRESSING, True, "RollingOut",
+                  f"{updated}/{replicas} pods run the current configuration"),
+    ]
+
+
+def _deadline_exceeded(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+        for c in status.get("conditions") or []
+    )
+
+
+def degraded_condition(invalid: InvalidSpec | None, rollout: list[Condition]) -> Condition:
+    if invalid is not None:
+        return Condition(DEGRADED, True, invalid.reason, str(invalid))
+    stuck = next((c for c in rollout if c.reason == "RolloutStuck"), None)
+    if stuck is not None:
+        return Condition(DEGRADED, True, stuck.reason, stuck.message)
+    return Condition(DEGRADED, False, "AsExpected", "No problem found")
+
+
+def phase_of(conditions: list[Condition]) -> str:
+    by_type = {c.type: c for c in conditions}
+    if by_type[DEGRADED].status:
+        return "Degraded"
+    if by_type[READY].status:
+        return "Ready"
+    if by_type[PROGRESSING].status:
+        return "Progressing"
+    return "Pending"
+
+
+def build_status(
+    *,
+    generation: int,
+    served: Served | None,
+    deployment: Mapping[str, Any] | None,
+    replicas: int,
+    invalid: InvalidSpec | None,
+    previous: Mapping[str, Any],
+    now: str,
+) -> dict[str, Any]:
+    rollout = rollout_conditions(deployment, replicas)
+    if invalid is not None:
+        # A refused spec changes nothing that runs; the rollout is not progressing.
+        rollout = [c if c.type != PROGRESSING else
+                   Condition(PROGRESSING, False, invalid.reason, "The new spec was refused")
+                   for c in rollout]
+    conditions = [*rollout, degraded_condition(invalid, rollout)]
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": phase_of(conditions),
+        "replicas": replicas,
+        "readyReplicas": ((deployment or {}).get("status") or {}).get("readyReplicas", 0),
+        "conditions": _with_transition_times(conditions, previous, generation, now),
+    }
+    if served is not None:
+        status |= {
+            "profile": served.profile,
+            "configHash": served.config_hash,
+            "endpoint": served.endpoint,
+            "deployConfigMap": served.configmap,
+        }
+    return status
+
+
+def _with_transition_times(
+    conditions: list[Condition], previous: Mapping[str, Any], generation: int, now: str
+) -> list[dict[str, Any]]:
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    rendered = []
+    for condition in conditions:
+        status = "True" if condition.status else "False"
+        old = before.get(condition.type, {})
+        since = old.get("lastTransitionTime") if old.get("status") == status else None
+        rendered.append({
+            "type": condition.type,
+            "status": status,
+            "reason": condition.reason,
+            "message": condition.message,
+            "observedGeneration": generation,
+            "lastTransitionTime": since or now,
+        })
+    return rendered
+
+
+def served_from(previous: Mapping[str, Any]) -> Served | None:
+    """What a resource served before, read back from its status."""
+    if not previous.get("configHash"):
+        return None
+    return Served(
+        profile=previous.get("profile", ""),
+        config_hash=previous["configHash"],
+        endpoint=previous.get("endpoint", ""),
+        configmap=previous.get("deployConfigMap", ""),
+    )
