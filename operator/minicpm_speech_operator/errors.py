@@ -17,3 +17,6 @@ class InvalidSpec(ValueError):
         self.message = message
         self.fix = fix
         super().__init__(f"{field}: {message}. {fix}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.field, self.message, self.fix))

@@ -14,10 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidSpec
-from .profiles import load_bundled_profile, parse_profile_text, render_deploy_config
+from .profiles import (
+    load_bundled_profile,
+    merge_overrides,
+    parse_profile_text,
+    render_deploy_config,
+)
 from .spec import SpeechSpec
 
 HASH_LENGTH = 12
+PRECAPTURE_KEYS = ("connectors", "connector_of_shared_memory", "extra", "cfm_graph_precapture")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +33,17 @@ class ServingConfig:
     config_hash: str
 
 
-def profile_document(spec: SpeechSpec, configmap: Mapping[str, Any] | None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Profile:
+    document: dict[str, Any]
+    field: str  # where its problems are reported
+
+
+def profile_document(spec: SpeechSpec, configmap: Mapping[str, Any] | None) -> Profile:
     """The profile named by the spec; ``configmap`` is the referenced object, if any, as read."""
     ref = spec.profile
     if ref.name is not None:
-        return load_bundled_profile(ref.name)
+        return Profile(load_bundled_profile(ref.name), "spec.profile")
     field = "spec.profile.configMapRef"
     if configmap is None:
         raise InvalidSpec(
@@ -47,7 +59,7 @@ def profile_document(spec: SpeechSpec, configmap: Mapping[str, Any] | None) -> d
             f"Add the profile under that key, or set the key to one of: {', '.join(sorted(data))}",
         )
     where = f"{field} (ConfigMap {ref.configmap_name}, key {ref.configmap_key})"
-    return parse_profile_text(data[ref.configmap_key], field=where)
+    return Profile(parse_profile_text(data[ref.configmap_key], field=where), where)
 
 
 def check_token_secret(spec: SpeechSpec, secret: Mapping[str, Any] | None) -> None:
@@ -70,9 +82,33 @@ def check_token_secret(spec: SpeechSpec, secret: Mapping[str, Any] | None) -> No
         )
 
 
-def serving_config(spec: SpeechSpec, profile: Mapping[str, Any]) -> ServingConfig:
+def with_precapture_switch(spec: SpeechSpec) -> dict[str, Any]:
+    """The overrides, with spec.runtime.graphPrecapture as the one precapture switch.
+
+    The pod's readiness gate and the runtime's graph precapture must agree; a profile's
+    own value yields to the spec, and an override that contradicts the spec is refused.
+    """
+    overrides = dict(spec.profile_overrides)
+    asked: Any = overrides
+    for key in PRECAPTURE_KEYS:
+        asked = asked.get(key) if isinstance(asked, Mapping) else None
+    if asked is not None and asked != spec.runtime.graph_precapture:
+        raise InvalidSpec(
+            "spec.profileOverrides." + ".".join(PRECAPTURE_KEYS),
+            f"{asked!r} contradicts spec.runtime.graphPrecapture "
+            f"({spec.runtime.graph_precapture!r})",
+            "Remove the override and set spec.runtime.graphPrecapture, the one precapture switch",
+        )
+    switch: dict[str, Any] = {PRECAPTURE_KEYS[-1]: spec.runtime.graph_precapture}
+    for key in reversed(PRECAPTURE_KEYS[:-1]):
+        switch = {key: switch}
+    return merge_overrides(overrides, switch)
+
+
+def serving_config(spec: SpeechSpec, profile: Profile) -> ServingConfig:
     rendered = render_deploy_config(
-        dict(profile), dict(spec.profile_overrides), base_config=spec.runtime.base_deploy_config
+        profile.document, with_precapture_switch(spec),
+        base_config=spec.runtime.base_deploy_config, field_profile=profile.field,
     )
     identity = {
         "deployConfig": rendered.text,

@@ -6,14 +6,12 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-
 from minicpm_speech_operator.manifests import (
     CONFIG_HASH_KEY,
     build_children,
     owner_of,
 )
-from minicpm_speech_operator.profiles import load_bundled_profile
-from minicpm_speech_operator.serving_config import serving_config
+from minicpm_speech_operator.serving_config import profile_document, serving_config
 from minicpm_speech_operator.spec import parse_spec
 
 from .builders import claim_spec, speech_body
@@ -24,7 +22,7 @@ KUBERNETES_VERSION = "1.33.0"
 def render(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     body = speech_body(spec)
     parsed = parse_spec(body["spec"])
-    cfg = serving_config(parsed, load_bundled_profile(parsed.profile.name or "default"))
+    cfg = serving_config(parsed, profile_document(parsed, None))
     return {child["kind"]: child for child in build_children(owner_of(body), parsed, cfg)}
 
 

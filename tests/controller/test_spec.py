@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from minicpm_speech_operator.errors import InvalidSpec
 from minicpm_speech_operator.spec import parse_spec
 
