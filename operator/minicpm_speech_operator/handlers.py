@@ -39,20 +39,20 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.resume(*SPEECHES)
 @kopf.on.create(*SPEECHES)
 @kopf.on.update(*SPEECHES)
-async def reconcile_speech(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    await memo.reconciler.reconcile(namespace, name)
+async def reconcile_speech(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    await memo.reconciler.reconcile(namespace or "", name)
 
 
 @kopf.timer(*SPEECHES, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     """Catches what no event announces: a referenced ConfigMap or Secret created later."""
-    await memo.reconciler.reconcile(namespace, name)
+    await memo.reconciler.reconcile(namespace or "", name)
 
 
 @kopf.on.event("v1", "configmaps", labels=CHILDREN)
 @kopf.on.event("v1", "services", labels=CHILDREN)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILDREN)
-async def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def child_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
     """A child edited, deleted or rolled out: converge its owner and refresh its status."""
     owner = next(
         (ref["name"] for ref in body.metadata.get("ownerReferences") or []
@@ -60,7 +60,7 @@ async def child_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: A
         None,
     )
     if owner is not None:
-        await memo.reconciler.reconcile(namespace, owner)
+        await memo.reconciler.reconcile(namespace or "", owner)
 
 
 def _post_event(body: Any, type_: str, reason: str, message: str) -> None:

@@ -37,9 +37,13 @@ def load_configuration() -> k8s.Configuration:
     configuration = k8s.Configuration()
     kubeconfig = os.environ.get("KUBECONFIG")
     if not kubeconfig and SERVICE_ACCOUNT_TOKEN.exists():
-        k8s_config.load_incluster_config(client_configuration=configuration)
+        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
     else:
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
     return configuration
 
 
@@ -68,7 +72,8 @@ class KubeApi:
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         verbs = self._verbs[body["kind"]]
         try:
-            return await _call(verbs.create, body["metadata"]["namespace"], body)
+            created: dict[str, Any] = await _call(verbs.create, body["metadata"]["namespace"], body)
+            return created
         except ApiException as error:
             if error.status == 409:
                 raise AlreadyExists(body["metadata"]["name"]) from error

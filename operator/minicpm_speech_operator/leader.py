@@ -47,7 +47,8 @@ def is_expired(lease: dict[str, Any], now: datetime.datetime) -> bool:
     if not renewed:
         return True
     renewed_at = datetime.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
-    return (now - renewed_at).total_seconds() > spec.get("leaseDurationSeconds", 15)
+    duration = float(spec.get("leaseDurationSeconds", 15))
+    return (now - renewed_at).total_seconds() > duration
 
 
 class LeaderElector:
@@ -72,13 +73,13 @@ class LeaderElector:
             body = {"metadata": {"name": cfg.name, "namespace": cfg.namespace},
                     "spec": self._spec(acquired=True)}
             try:
-                self._api.create_namespaced_lease(cfg.namespace, body)
+                self._api.create_namespaced_lease(cfg.namespace, body)  # type: ignore[arg-type]
             except ApiException as race:
                 if race.status == 409:
                     return False
                 raise
             return True
-        current = json.loads(lease.data)
+        current = json.loads(lease.data)  # type: ignore[attr-defined]
         holder = (current.get("spec") or {}).get("holderIdentity")
         if holder != cfg.identity and not is_expired(current, _now()):
             return False

@@ -46,7 +46,7 @@ def children_table(children: Sequence[Mapping[str, Any]]) -> str:
     rows = [["KIND", "NAME", "CONFIG-HASH", "OWNER"]]
     for child in children:
         meta = child["metadata"]
-        owner = next(iter(meta.get("ownerReferences") or []), {})
+        owner: Mapping[str, Any] = next(iter(meta.get("ownerReferences") or []), {})
         rows.append([
             child["kind"],
             meta["name"],

@@ -90,7 +90,7 @@ def parse_spec(raw: Any) -> SpeechSpec:
 def _model(model: Mapping[str, Any]) -> ModelSource:
     hub, claim, cache = model.get("huggingFace"), model.get("pvc"), model.get("cache", {})
     token = hub.get("tokenSecretRef") if hub else None
-    default_name = hub["repo"] if hub else (claim["path"] or claim["claimName"])
+    default_name = hub["repo"] if hub else (claim or {}).get("path") or (claim or {})["claimName"]
     return ModelSource(
         hub_repo=hub["repo"] if hub else None,
         hub_revision=hub["revision"] if hub else None,
