@@ -61,32 +61,36 @@ class DemoError(Exception):
 
 
 async def _operator(args: argparse.Namespace) -> int:
-    os.environ["MINICPM_SPEECH_METRICS_PORT"] = str(args.metrics_port)
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)
-    from .kubeapi import load_configuration
+    from .health import Health, serve_health
+    from .kubeconfig import load_configuration
     from .leader import LeaderElector, LeaseConfig
+    from .metrics import serve as serve_metrics
 
-    renewing = None
-    if args.leader_elect:
-        if not args.leader_election_namespace:
-            raise SystemExit("--leader-elect needs --leader-election-namespace or POD_NAMESPACE")
-        identity = os.environ.get("POD_NAME") or os.uname().nodename
-        elector = LeaderElector(load_configuration(), LeaseConfig(
-            args.leader_election_namespace, args.leader_election_name, identity))
-        await elector.acquire()
-        renewing = asyncio.create_task(elector.keep_renewing())
+    if args.leader_elect and not args.leader_election_namespace:
+        raise SystemExit("--leader-elect needs --leader-election-namespace or POD_NAMESPACE")
+    serve_metrics(args.metrics_port)
+    health = Health()
+    health_server = await serve_health(args.health_port, health)
+    elector = renewing = None
     try:
-        await kopf.operator(
-            standalone=True,
-            clusterwide=args.all_namespaces,
-            namespaces=args.namespaces or (),
-            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
-        )
+        if args.leader_elect:
+            identity = os.environ.get("POD_NAME") or os.uname().nodename
+            elector = LeaderElector(load_configuration(), LeaseConfig(
+                args.leader_election_namespace, args.leader_election_name, identity))
+            await elector.acquire()
+            renewing = asyncio.create_task(elector.keep_renewing())
+        health.operator = asyncio.create_task(kopf.operator(
+            standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespaces or ()))
+        await health.operator
     finally:
         if renewing is not None:
             renewing.cancel()
+        if elector is not None:
+            await asyncio.to_thread(elector.release)
+        await health_server.cleanup()
     return 0
 
 
@@ -127,7 +131,8 @@ async def _demo(path: Path, timeout: float, output: str) -> int:
         import kopf
 
         from . import handlers  # noqa: F401  (registers the handlers)
-        from .kubeapi import KubeApi, load_configuration
+        from .kubeapi import KubeApi
+        from .kubeconfig import load_configuration
 
         stop, ready = asyncio.Event(), asyncio.Event()
         operator = asyncio.create_task(kopf.operator(

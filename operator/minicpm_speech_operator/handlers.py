@@ -8,32 +8,30 @@ from typing import Any
 
 import kopf
 
-from . import metrics
-from .kubeapi import KubeApi, connection_info, load_configuration
+from .kubeapi import KubeApi
+from .kubeconfig import connection_from_environment, load_configuration
 from .manifests import GROUP, KIND, MANAGED_BY
 from .reconciler import Reconciler
 
 SPEECHES = (GROUP, "v1alpha1", "minicpmspeeches")
 CHILDREN = {"app.kubernetes.io/managed-by": MANAGED_BY}
 RESYNC_SECONDS = float(os.environ.get("MINICPM_SPEECH_RESYNC_SECONDS", "60"))
-METRICS_PORT = int(os.environ.get("MINICPM_SPEECH_METRICS_PORT", "0"))
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # No cluster-wide scans of Namespaces or CRDs: the chart installs the CRD before the
+    # operator starts, so namespaced mode needs no ClusterRole at all.
+    settings.scanning.disabled = True
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
     memo.reconciler = Reconciler(KubeApi(load_configuration()), emit=_post_event)
-    if METRICS_PORT:
-        metrics.serve(METRICS_PORT)
 
 
-@kopf.on.login()
-def login(**_: Any) -> kopf.ConnectionInfo:
-    return connection_info(load_configuration())  # type: ignore[no-any-return]
+kopf.on.login()(connection_from_environment)
 
 
 @kopf.on.resume(*SPEECHES)

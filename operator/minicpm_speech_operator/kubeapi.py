@@ -9,42 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import kubernetes.client as k8s
-import kubernetes.config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from .manifests import GROUP
 
 MERGE_PATCH = "application/merge-patch+json"
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 class AlreadyExists(Exception):
     pass
-
-
-def load_configuration() -> k8s.Configuration:
-    """In a pod, the service account; elsewhere the kubeconfig named by KUBECONFIG now.
-
-    Read at call time, not import time, so a process can be pointed at a new cluster.
-    """
-    configuration = k8s.Configuration()
-    kubeconfig = os.environ.get("KUBECONFIG")
-    if not kubeconfig and SERVICE_ACCOUNT_TOKEN.exists():
-        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
-    else:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    return configuration
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,22 +104,3 @@ async def _absent_as_none(method: Callable[..., Any], *args: Any) -> dict[str, A
         raise
     return found
 
-
-def connection_info(configuration: k8s.Configuration) -> Any:
-    """The same credentials, for Kopf's own watches, so both clients see one cluster."""
-    import kopf
-
-    authorization = (configuration.api_key or {}).get("authorization", "")
-    scheme, _, token = authorization.partition(" ")
-    return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
-        scheme=scheme or None,
-        token=token or None,
-        username=configuration.username or None,
-        password=configuration.password or None,
-        default_namespace=None,
-    )

@@ -101,6 +101,22 @@ class LeaderElector:
         log.info("Leading as %s (Lease %s/%s)", self._config.identity,
                  self._config.namespace, self._config.name)
 
+    def release(self) -> None:
+        """Hand the Lease over at once on a clean stop, instead of making the next wait."""
+        cfg = self._config
+        try:
+            lease = json.loads(self._api.read_namespaced_lease(  # type: ignore[attr-defined]
+                cfg.name, cfg.namespace, _preload_content=False).data)
+            if (lease.get("spec") or {}).get("holderIdentity") != cfg.identity:
+                return
+            patch = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                     "spec": {"holderIdentity": None, "renewTime": None,
+                              "leaseDurationSeconds": 1}}
+            self._api.patch_namespaced_lease(cfg.name, cfg.namespace, patch,
+                                             _content_type=MERGE_PATCH)
+        except ApiException:
+            log.warning("Could not release the Lease; a standby takes over when it expires")
+
     async def keep_renewing(self) -> None:
         while True:
             await asyncio.sleep(self._config.renew_every_seconds)

@@ -177,8 +177,9 @@ def _pod_spec(owner: Owner, spec: SpeechSpec) -> dict[str, Any]:
 def _server_container(spec: SpeechSpec) -> dict[str, Any]:
     rt = spec.runtime
     resources = {kind: dict(values) for kind, values in rt.resources.items()}
-    resources.setdefault("limits", {})["nvidia.com/gpu"] = 1
-    resources.setdefault("requests", {})["nvidia.com/gpu"] = 1
+    # Quantities are strings in the API; the client refuses a bare number here.
+    resources.setdefault("limits", {})["nvidia.com/gpu"] = "1"
+    resources.setdefault("requests", {})["nvidia.com/gpu"] = "1"
     return {
         "name": "server",
         "image": rt.image,

@@ -50,4 +50,6 @@ def test_default_rendering_matches_the_snapshot(name: str, produce: Callable[[],
 
 def test_the_snapshot_is_valid_yaml() -> None:
     docs = [d for d in yaml.safe_load_all((GOLDEN_DIR / "default.yaml").read_text()) if d]
-    assert {d["kind"] for d in docs} >= {"Deployment", "ServiceAccount", "ClusterRole"}
+    kinds = {d["kind"] for d in docs}
+    assert kinds >= {"Deployment", "ServiceAccount", "Role", "RoleBinding"}
+    assert "ClusterRole" not in kinds  # namespaced by default: nothing cluster-wide

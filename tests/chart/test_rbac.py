@@ -30,11 +30,6 @@ WATCHED_NAMESPACE: set[Permission] = {
     ("", "secrets", "get", None),
     ("", "events", "create", None),
 }
-# Kopf's CRD observer, cluster-scoped in every mode.
-CLUSTER: set[Permission] = {
-    ("apiextensions.k8s.io", "customresourcedefinitions", "list", None),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "watch", None),
-}
 # Leader election, in the release namespace only.
 LEADER_ELECTION: set[Permission] = {
     ("coordination.k8s.io", "leases", "create", None),
@@ -63,16 +58,14 @@ def scoped(namespace: str | None, grants: set[Permission]) -> Scoped:
 
 def test_default_grants_only_the_release_namespace() -> None:
     assert granted({}) == (
-        scoped(None, CLUSTER)
-        | scoped(RELEASE_NAMESPACE, WATCHED_NAMESPACE)
+        scoped(RELEASE_NAMESPACE, WATCHED_NAMESPACE)
         | scoped(RELEASE_NAMESPACE, LEADER_ELECTION)
     )
 
 
 def test_namespaced_mode_grants_each_watched_namespace() -> None:
     assert granted(VALUE_SETS["namespaced-two"]) == (
-        scoped(None, CLUSTER)
-        | scoped("speech-a", WATCHED_NAMESPACE)
+        scoped("speech-a", WATCHED_NAMESPACE)
         | scoped("speech-b", WATCHED_NAMESPACE)
         | scoped(RELEASE_NAMESPACE, LEADER_ELECTION)
     )
@@ -80,7 +73,7 @@ def test_namespaced_mode_grants_each_watched_namespace() -> None:
 
 def test_cluster_wide_mode_grants_everywhere_and_leases_in_the_release_namespace() -> None:
     assert granted(VALUE_SETS["cluster-wide"]) == (
-        scoped(None, CLUSTER | WATCHED_NAMESPACE) | scoped(RELEASE_NAMESPACE, LEADER_ELECTION)
+        scoped(None, WATCHED_NAMESPACE) | scoped(RELEASE_NAMESPACE, LEADER_ELECTION)
     )
 
 

@@ -53,7 +53,7 @@ def test_every_child_is_valid_in_strict_mode(case: str) -> None:
 def test_pod_takes_exactly_one_gpu_and_never_surges() -> None:
     one = render(SPECS["example"])["Deployment"]["spec"]
     many = render(SPECS["scaled-out"])["Deployment"]["spec"]
-    assert container(render(SPECS["example"]))["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container(render(SPECS["example"]))["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert one["strategy"] == {"type": "Recreate"}
     assert many["replicas"] == 3
     assert many["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}

@@ -122,14 +122,3 @@ remove them with their MiniCPMSpeech.
   verbs: ["create"]
 # Benchmark Jobs (batch/v1 jobs) get their rule here once the operator creates them.
 {{- end }}
-
-{{/*
-Cluster-scoped reads Kopf always needs, whatever the watch mode: it lists and watches
-CustomResourceDefinitions to notice the MiniCPMSpeech API appearing or changing.
-API discovery (/api, /apis) needs no rule: every authenticated user may read it.
-*/}}
-{{- define "minicpm-speech-operator.clusterRules" -}}
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["list", "watch"]
-{{- end }}

@@ -1,0 +1,11 @@
+"""Make the test helpers beside this file importable as top-level modules."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
