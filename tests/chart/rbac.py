@@ -32,9 +32,11 @@ class Grant:
     rule: dict[str, Any]
 
 
-def _service_account(objects: list[dict[str, Any]]) -> tuple[str, str]:
+def _service_account(
+    objects: list[dict[str, Any]], release_namespace: str = RELEASE_NAMESPACE
+) -> tuple[str, str]:
     pod_spec = only(objects, "Deployment")["spec"]["template"]["spec"]
-    return RELEASE_NAMESPACE, pod_spec["serviceAccountName"]
+    return release_namespace, pod_spec["serviceAccountName"]
 
 
 def _binds(binding: dict[str, Any], account: tuple[str, str]) -> bool:
@@ -55,10 +57,12 @@ def _role_rules(
     return [rule for role in roles for rule in role.get("rules") or []]
 
 
-def rendered_grants(values: dict[str, Any] | None = None) -> list[Grant]:
+def rendered_grants(
+    values: dict[str, Any] | None = None, release_namespace: str = RELEASE_NAMESPACE
+) -> list[Grant]:
     """Every rule bound to the operator's ServiceAccount, with its scope."""
-    objects = render_objects(values)
-    account = _service_account(objects)
+    objects = render_objects(values, release_namespace)
+    account = _service_account(objects, release_namespace)
     grants = []
     for binding in find(objects, "ClusterRoleBinding"):
         if _binds(binding, account):
@@ -72,10 +76,13 @@ def rendered_grants(values: dict[str, Any] | None = None) -> list[Grant]:
 
 
 def rendered_rules(
-    values: dict[str, Any] | None = None, *, namespace: str | None = ANY_NAMESPACE
+    values: dict[str, Any] | None = None,
+    *,
+    namespace: str | None = ANY_NAMESPACE,
+    release_namespace: str = RELEASE_NAMESPACE,
 ) -> list[dict[str, Any]]:
     """The PolicyRules granted to the operator's ServiceAccount (see the module doc)."""
-    grants = rendered_grants(values)
+    grants = rendered_grants(values, release_namespace)
     if namespace == ANY_NAMESPACE:
         return [grant.rule for grant in grants]
     return [grant.rule for grant in grants if grant.namespace in (None, namespace)]

@@ -123,7 +123,7 @@ class KubeApi:
             method = getattr(self.custom, f"patch_namespaced_custom_object{suffix}")
             response = method(*self._custom_args(), name, patch, **options)
         else:
-            response = self._method(kind, f"patch{suffix}")(name, self.namespace, patch, **options)
+            response = self._method(kind, "patch", status)(name, self.namespace, patch, **options)
         result: Body = _json(response)
         return result
 
@@ -145,10 +145,11 @@ class KubeApi:
     def _custom_args(self) -> tuple[str, str, str, str]:
         return (self.speech.group, self.speech.version, self.namespace, self.speech.plural)
 
-    def _method(self, kind: str, verb: str) -> Any:
+    def _method(self, kind: str, verb: str, status: bool = False) -> Any:
         if kind not in _BUILTINS:
             raise ValueError(
                 f"unknown kind {kind!r}; expected {SPEECH!r} or one of {sorted(_BUILTINS)}"
             )
         api, suffix = _BUILTINS[kind]
-        return getattr(getattr(self, api), f"{verb}_{suffix}")
+        # The official client names subresource calls patch_namespaced_deployment_status.
+        return getattr(getattr(self, api), f"{verb}_{suffix}{'_status' if status else ''}")

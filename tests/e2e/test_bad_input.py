@@ -1,0 +1,111 @@
+"""A refused spec changes nothing that runs, and says which field to fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.harness.cluster import Cluster
+from tests.harness.kopf_runner import Operator
+
+from .journey import (
+    NAME,
+    children,
+    condition,
+    create_and_settle,
+    event_reasons,
+    events,
+    example_spec,
+    settled,
+    versions,
+)
+
+BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown profile": ({"profile": {"name": "turbo"}}, "spec.profile.name"),
+    "mistyped override": (
+        {"profileOverrides": {"stages": [{"stage_id": 0, "max_num_seq": 4}]}},
+        "spec.profileOverrides.stages[stage_id=0].max_num_seq"),
+    "override out of range": (
+        {"profileOverrides": {"connectors": {"connector_of_shared_memory": {"extra": {
+            "micro_batch_size": 0}}}}},
+        "spec.profileOverrides.connectors.connector_of_shared_memory.extra.micro_batch_size"),
+    "missing profile ConfigMap": ({"profile": {"configMapRef": {"name": "absent"}}},
+                                  "spec.profile.configMapRef"),
+    "missing token Secret": ({"model": {"huggingFace": {
+        "repo": "openbmb/MiniCPM-o-4_5", "revision": "a" * 40,
+        "tokenSecretRef": {"name": "absent"}}}}, "spec.model.huggingFace.tokenSecretRef"),
+    "value out of range": ({"runtime": {"mps": {"activeThreadPercentage": 0}}},
+                           "spec.runtime.mps.activeThreadPercentage"),
+}
+
+
+def with_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    return {**example_spec(), **changes}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+async def test_bad_new_resource_creates_nothing(cluster: Cluster, operator: Operator,
+                                                case: str) -> None:
+    changes, field = BAD_SPECS[case]
+    if not cluster.is_emulated and "range" in case and "override" not in case:
+        pytest.skip("a real API server refuses this manifest itself")
+    cluster.api.create_speech(NAME, with_changes(changes))
+    speech = await cluster.wait_for(settled(cluster))
+    degraded = condition(speech, "Degraded")
+    assert speech["status"]["phase"] == "Degraded"
+    assert degraded["reason"] == "InvalidSpec" and degraded["message"].startswith(field)
+    assert not any(children(cluster).values())
+    await cluster.wait_for(lambda: "InvalidSpec" in event_reasons(cluster))
+    warning = next(e for e in events(cluster) if e["reason"] == "InvalidSpec")
+    assert warning["type"] == "Warning" and field in warning["message"]
+
+
+async def test_bad_update_leaves_the_serving_pod_and_config_exactly_as_they_were(
+    cluster: Cluster, operator: Operator
+) -> None:
+    serving = await create_and_settle(cluster)
+    before = versions(cluster)
+    cluster.api.patch_speech(NAME, {"spec": {"profileOverrides": {
+        "stages": [{"stage_id": 1, "max_num_seqs": "lots"}]}}})
+    refused = await cluster.wait_for(settled(cluster))
+    assert refused["status"]["phase"] == "Degraded"
+    assert "stages[stage_id=1].max_num_seqs" in condition(refused, "Degraded")["message"]
+    # It still serves the old configuration, and says so.
+    assert refused["status"]["configHash"] == serving["status"]["configHash"]
+    assert versions(cluster) == before
+
+
+async def test_fixing_the_spec_recovers(cluster: Cluster, operator: Operator) -> None:
+    cluster.api.create_speech(NAME, with_changes({"profile": {"name": "turbo"}}))
+    await cluster.wait_for(settled(cluster))
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "default"}}})
+    fixed = await cluster.wait_for(
+        lambda: (s := settled(cluster)()) and s["status"]["phase"] != "Degraded" and s)
+    assert condition(fixed, "Degraded")["status"] == "False"
+    assert all(children(cluster).values())
+
+
+async def test_a_profile_configmap_created_later_is_picked_up(cluster: Cluster,
+                                                              operator: Operator) -> None:
+    cluster.api.create_speech(NAME, with_changes({"profile": {"configMapRef": {"name": "mine"}}}))
+    await cluster.wait_for(settled(cluster))
+    profile = "stages:\n  - stage_id: 1\n    max_num_seqs: 4\n"
+    cluster.api.create("configmap", {"metadata": {"name": "mine"},
+                                     "data": {"profile.yaml": profile}})
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and s["status"].get("configHash") and s,
+        timeout=30, message="resync picks up the ConfigMap")
+    assert speech["status"]["profile"] == "configmap/mine"
+
+
+async def test_an_unowned_object_in_the_way_is_not_touched(cluster: Cluster,
+                                                           operator: Operator) -> None:
+    foreign = cluster.api.create("configmap", {"metadata": {"name": f"{NAME}-deploy-config"},
+                                               "data": {"mine": "yes"}})
+    cluster.api.create_speech(NAME, example_spec())
+    speech = await cluster.wait_for(settled(cluster))
+    assert condition(speech, "Degraded")["reason"] == "ChildConflict"
+    after = cluster.api.get("configmap", f"{NAME}-deploy-config")
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]

@@ -1,0 +1,97 @@
+"""Create, roll out, update, delete: what a user sees through kubectl."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness.cluster import Cluster
+from tests.harness.kopf_runner import Operator
+
+from .journey import (
+    HASH_LABEL,
+    NAME,
+    children,
+    condition,
+    create_and_settle,
+    event_reasons,
+    example_spec,
+    mark_rolled_out,
+    settled,
+)
+
+
+async def test_create_yields_owned_children_and_a_status(cluster: Cluster,
+                                                         operator: Operator) -> None:
+    speech = await create_and_settle(cluster)
+    status = speech["status"]
+    assert status["phase"] == "Progressing" and status["profile"] == "default"
+    assert status["endpoint"] == f"http://{NAME}.{cluster.namespace}.svc:8091/v1"
+    assert condition(speech, "Ready")["reason"] == "WaitingForWarmup"
+    assert condition(speech, "Degraded")["status"] == "False"
+    for kind, child in children(cluster).items():
+        assert child is not None, kind
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner["uid"] == speech["metadata"]["uid"] and owner["controller"]
+        assert child["metadata"]["labels"][HASH_LABEL] == status["configHash"]
+    pod = children(cluster)["deployment"]["spec"]["template"]["spec"]  # type: ignore[index]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
+    await cluster.wait_for(lambda: {"Created", "ConfigChanged"} <= event_reasons(cluster),
+                           message="creation events")
+
+
+async def test_a_warmed_up_rollout_reads_ready(cluster: Cluster, operator: Operator) -> None:
+    if not cluster.is_emulated:
+        pytest.skip("on a real cluster, readiness waits for a real GPU pod's warm-up")
+    await create_and_settle(cluster)
+    await mark_rolled_out(cluster)
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and s["status"]["phase"] == "Ready" and s)
+    assert condition(speech, "Ready")["reason"] == "WarmedUp"
+    assert condition(speech, "Progressing")["status"] == "False"
+    await cluster.wait_for(lambda: "PhaseReady" in event_reasons(cluster), message="Ready event")
+
+
+async def test_profile_change_rolls_the_pod_with_a_new_hash(cluster: Cluster,
+                                                            operator: Operator) -> None:
+    before = await create_and_settle(cluster)
+    old_hash = before["status"]["configHash"]
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "low-latency"}}})
+    after = await cluster.wait_for(settled(cluster))
+    new_hash = after["status"]["configHash"]
+    assert new_hash != old_hash and after["status"]["profile"] == "low-latency"
+    deployment = children(cluster)["deployment"]
+    assert deployment is not None
+    template = deployment["spec"]["template"]["metadata"]
+    assert template["annotations"][HASH_LABEL] == new_hash
+    configmap = children(cluster)["configmap"]
+    assert configmap is not None and "micro_batch_size: 2" in configmap["data"][
+        "deploy-config.yaml"]
+    await cluster.wait_for(lambda: "ConfigChanged" in event_reasons(cluster))
+
+
+async def test_scaling_out_keeps_one_gpu_per_pod_and_never_surges(cluster: Cluster,
+                                                                  operator: Operator) -> None:
+    await create_and_settle(cluster)
+    cluster.api.patch_speech(NAME, {"spec": {"replicas": 3}})
+    await cluster.wait_for(settled(cluster))
+    deployment = await cluster.wait_for(
+        lambda: (d := cluster.api.get("deployment", NAME)) and d["spec"]["replicas"] == 3 and d)
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+async def test_deleting_the_resource_leaves_no_orphans(cluster: Cluster,
+                                                       operator: Operator) -> None:
+    await create_and_settle(cluster)
+    cluster.api.delete_speech(NAME)
+    await cluster.wait_for(lambda: not any(children(cluster).values()), timeout=60,
+                           message="children garbage-collected")
+    assert cluster.api.get_speech(NAME) is None
+
+
+@pytest.mark.parametrize("example", ["high-concurrency.yaml", "low-latency.yaml",
+                                     "pvc-model.yaml"])
+async def test_every_example_reconciles(cluster: Cluster, operator: Operator,
+                                        example: str) -> None:
+    speech = await create_and_settle(cluster, example_spec(example))
+    assert speech["status"]["phase"] == "Progressing"
+    assert condition(speech, "Degraded")["status"] == "False"

@@ -1,0 +1,154 @@
+"""The operator as the Helm chart runs it: the real command, its RBAC, health and metrics.
+
+The chart's rendered container arguments start `minicpm-speech operator` against the
+cluster; a user's whole journey runs through it; then every API request it made must be
+allowed by the rendered Role/ClusterRole, and every rule the chart grants must have been
+needed by some request.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.chart.rbac import is_allowed, rendered_grants, rendered_rules
+from tests.chart.rendering import operator_container, render_objects
+from tests.harness.cluster import Cluster
+
+from .journey import NAME, children, create_and_settle, example_spec, mark_rolled_out, settled
+
+MODES = {"namespaced": {}, "cluster-wide": {"watch": {"clusterWide": True}}}
+OPERATOR_METRICS = {
+    "minicpm_speech_operator_reconciles": "counter",
+    "minicpm_speech_operator_reconcile_failures": "counter",
+    "minicpm_speech_operator_reconcile_duration_seconds": "histogram",
+    "minicpm_speech_operator_child_changes": "counter",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def chart_command(values: dict[str, Any], namespace: str, ports: dict[str, int]) -> list[str]:
+    """The operator container's arguments as the chart renders them for this namespace."""
+    container = operator_container(render_objects(values, namespace))
+    args = []
+    for arg in container["args"]:
+        flag = arg.split("=", 1)[0]
+        args.append(f"{flag}={ports[flag]}" if flag in ports else arg)
+    return [*container.get("command", ["minicpm-speech"]), *args]
+
+
+@pytest.fixture
+def operator_process(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[Any]:
+    if not cluster.is_emulated:
+        pytest.skip("the RBAC proof reads the emulator's request log")
+    values = MODES[request.param]
+    ports = {"--metrics-port": free_port(), "--health-port": free_port()}
+    command = chart_command(values, cluster.namespace, ports)
+    binary = os.path.join(os.path.dirname(sys.executable), command[0])
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path), "POD_NAME": "operator-0",
+           "POD_NAMESPACE": cluster.namespace, "MINICPM_SPEECH_RESYNC_SECONDS": "2"}
+    process = subprocess.Popen([binary, *command[1:]], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    process.values, process.ports = values, ports  # type: ignore[attr-defined]
+    yield process
+    if process.poll() is None:
+        process.kill()
+    print(process.communicate()[0])
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+async def run_journey(cluster: Cluster) -> None:
+    """Every kind of work the operator does, so every request it can make is made."""
+    cluster.api.create("secret", {"metadata": {"name": "hf"}, "stringData": {"token": "t"}})
+    spec = example_spec()
+    spec["model"]["huggingFace"]["tokenSecretRef"] = {"name": "hf"}
+    await create_and_settle(cluster, spec)
+    await mark_rolled_out(cluster)
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "low-latency"}}})
+    await cluster.wait_for(settled(cluster))
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "no-such-profile"}}})
+    await cluster.wait_for(settled(cluster))
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "default"}}})
+    await cluster.wait_for(settled(cluster))
+    cluster.api.patch("service", NAME, {"spec": {"ports": []}})
+    cluster.api.patch("deployment", NAME, {"spec": {"replicas": 4}})
+    cluster.api.delete("configmap", f"{NAME}-deploy-config")
+    await cluster.wait_for(lambda: all(children(cluster).values())
+                           and children(cluster)["deployment"]["spec"]["replicas"] == 1
+                           and children(cluster)["service"]["spec"]["ports"],
+                           message="drift repaired")
+    cluster.api.delete_speech(NAME)
+    await cluster.wait_for(lambda: not any(children(cluster).values()), timeout=30)
+
+
+@pytest.mark.parametrize("operator_process", sorted(MODES), indirect=True)
+async def test_chart_command_runs_the_journey_within_its_rbac(cluster: Cluster,
+                                                              operator_process: Any) -> None:
+    health = f"http://127.0.0.1:{operator_process.ports['--health-port']}/healthz"
+    await cluster.wait_for(lambda: _answers(health), timeout=30, message="healthz answers")
+    await run_journey(cluster)
+
+    status, body = get(f"http://127.0.0.1:{operator_process.ports['--metrics-port']}/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    for name, kind in OPERATOR_METRICS.items():
+        assert families[name].type == kind, name
+    reconciles = {s.labels.get("result"): s.value for s in families[
+        "minicpm_speech_operator_reconciles"].samples if s.name.endswith("_total")}
+    assert reconciles["ok"] > 0 and reconciles["invalid"] > 0
+
+    operator_process.send_signal(signal.SIGTERM)
+    assert operator_process.wait(timeout=30) == 0
+
+    requests = cluster.request_log()
+    values = operator_process.values
+    denied = sorted({(r.verb, r.group, r.resource, r.subresource, r.namespace, r.name)
+                     for r in requests
+                     if not is_allowed(rendered_rules(values, namespace=r.namespace,
+                                                      release_namespace=cluster.namespace),
+                                       r.verb, r.group, r.resource, r.subresource, r.name)},
+                    key=str)
+    assert denied == [], f"requests the chart does not allow: {denied}"
+
+    used = {(r.verb, r.group, r.resource, r.subresource) for r in requests}
+    unused = sorted(
+        (verb, group, resource)
+        for grant in rendered_grants(values, cluster.namespace)
+        for group in grant.rule["apiGroups"]
+        for resource in grant.rule["resources"]
+        for verb in grant.rule["verbs"]
+        if (verb, group, *_split(resource)) not in used
+    )
+    assert unused == [], f"rules the operator never needed: {unused}"
+    lease = [r for r in requests if r.resource == "leases"]
+    assert {r.verb for r in lease} >= {"create", "get", "patch"}
+
+
+def _split(resource: str) -> tuple[str, str | None]:
+    plural, _, sub = resource.partition("/")
+    return plural, sub or None
+
+
+def _answers(url: str) -> bool:
+    try:
+        return get(url)[0] == 200
+    except OSError:
+        return False
