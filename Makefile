@@ -11,7 +11,7 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(BIN)/mypy operator/minicpm_speech_operator
+	$(BIN)/mypy operator/minicpm_speech_operator perf-jobs/minicpm_speech_perf
 	$(BIN)/pytest
 
 $(VENV)/.installed-demo: pyproject.toml

@@ -8,6 +8,7 @@ from tests.harness.cluster import Cluster
 from tests.harness.kopf_runner import Operator
 
 from .journey import (
+    EXAMPLES,
     HASH_LABEL,
     NAME,
     children,
@@ -88,10 +89,14 @@ async def test_deleting_the_resource_leaves_no_orphans(cluster: Cluster,
     assert cluster.api.get_speech(NAME) is None
 
 
-@pytest.mark.parametrize("example", ["high-concurrency.yaml", "low-latency.yaml",
-                                     "pvc-model.yaml"])
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 async def test_every_example_reconciles(cluster: Cluster, operator: Operator,
                                         example: str) -> None:
-    speech = await create_and_settle(cluster, example_spec(example))
+    spec = example_spec(example)
+    token = spec["model"].get("huggingFace", {}).get("tokenSecretRef")
+    if token:
+        cluster.api.create("secret", {"metadata": {"name": token["name"]},
+                                      "stringData": {token.get("key", "token"): "hf_x"}})
+    speech = await create_and_settle(cluster, spec)
     assert speech["status"]["phase"] == "Progressing"
     assert condition(speech, "Degraded")["status"] == "False"
