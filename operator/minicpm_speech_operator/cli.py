@@ -11,13 +11,15 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .assets import asset_dir, crd_path
+from .crd_schema import manifest_errors
 
 DEMO_MANIFEST = "minicpmspeech.yaml"
 
@@ -104,18 +106,23 @@ def load_manifest(path: Path) -> dict[str, Any]:
     if not (manifest.get("metadata") or {}).get("name"):
         raise DemoError(f"{path}: metadata.name is required")
     manifest["metadata"].setdefault("namespace", "default")
+    refused = manifest_errors(manifest)
+    if refused:
+        # The API server would refuse it too; say why before touching any cluster.
+        raise DemoError(f"{path}: {refused[0]}")
     return manifest
 
 
-@contextlib.asynccontextmanager
-async def _cluster(namespace: str) -> AsyncIterator[str]:
+@contextlib.contextmanager
+def _cluster(namespace: str) -> Iterator[str]:
     """The cluster KUBECONFIG names, or an emulator on loopback for the demo's lifetime."""
     if os.environ.get("KUBECONFIG"):
         yield f"the cluster in {os.environ['KUBECONFIG']}"
         return
-    from .emulator import running_emulator
+    from .emulator import BackgroundEmulator
 
-    async with running_emulator(crd_path(), namespaces=(namespace,)) as cluster:
+    with tempfile.TemporaryDirectory(prefix="minicpm-speech-demo-") as workdir, \
+            BackgroundEmulator(crd_path(), (namespace,), Path(workdir) / "kubeconfig") as cluster:
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig_path)
         try:
             yield f"an embedded Kubernetes API emulator at {cluster.url}"
@@ -126,8 +133,9 @@ async def _cluster(namespace: str) -> AsyncIterator[str]:
 async def _demo(path: Path, timeout: float, output: str) -> int:
     manifest = load_manifest(path)
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    async with _cluster(namespace) as where:
-        print(f"Operator against {where}; applying {path} ...\n")
+    with _cluster(namespace) as where:
+        # Progress goes to stderr, so `-o yaml` output stays pure YAML.
+        print(f"Operator against {where}; applying {path} ...", file=sys.stderr)
         import kopf
 
         from . import handlers  # noqa: F401  (registers the handlers)

@@ -51,41 +51,57 @@ def with_defaults(schema: Schema, value: Any) -> Any:
 
 def _fill_defaults(schema: Schema, value: Any) -> None:
     if isinstance(value, dict):
-        for key, child in schema.get("properties", {}).items():
+        properties = schema.get("properties", {})
+        for key, child in properties.items():
             if key not in value and "default" in child:
                 value[key] = copy.deepcopy(child["default"])
             if key in value:
                 _fill_defaults(child, value[key])
+        if isinstance(schema.get("additionalProperties"), Mapping):
+            for key in value.keys() - properties.keys():
+                _fill_defaults(schema["additionalProperties"], value[key])
     elif isinstance(value, list) and "items" in schema:
         for item in value:
             _fill_defaults(schema["items"], item)
 
 
+def strict_json_schema(schema: Schema) -> dict[str, Any]:
+    """The schema as plain JSON Schema; unknown fields are errors, as under kubectl's
+    default strict field validation, except below x-kubernetes-preserve-unknown-fields."""
+    strict: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key.startswith("x-kubernetes-"):
+            continue
+        if key == "properties":
+            strict[key] = {name: strict_json_schema(child) for name, child in value.items()}
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, Mapping):
+            strict[key] = strict_json_schema(value)
+        elif key in ("oneOf", "anyOf", "allOf"):
+            strict[key] = [strict_json_schema(branch) for branch in value]
+        else:
+            strict[key] = copy.deepcopy(value)
+    preserves = schema.get("x-kubernetes-preserve-unknown-fields", False)
+    if schema.get("type") == "object" and "properties" in schema and not preserves:
+        strict.setdefault("additionalProperties", False)
+    return strict
+
+
 @functools.cache
-def _strict_validator() -> Any:
-    schema = _closed(spec_schema())
-    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)(schema)
+def _validator(part: str) -> Any:
+    schema = version_schema() if part == "object" else spec_schema()
+    return jsonschema.Draft4Validator(strict_json_schema(schema))
 
 
-def _closed(schema: Schema) -> dict[str, Any]:
-    """Unknown fields are errors, as under kubectl's default strict field validation."""
-    closed = dict(schema)
-    if "properties" in schema:
-        properties = schema["properties"]
-        closed["properties"] = {name: _closed(child) for name, child in properties.items()}
-        preserves = schema.get("x-kubernetes-preserve-unknown-fields")
-        is_open = preserves or "additionalProperties" in schema
-        if not is_open:
-            closed["additionalProperties"] = False
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), Mapping):
-            closed[key] = _closed(schema[key])
-    return closed
+def manifest_errors(manifest: Mapping[str, Any]) -> list[InvalidSpec]:
+    """Every reason the API server would refuse this whole manifest, after defaulting."""
+    defaulted = with_defaults(version_schema(), manifest)
+    errors = sorted(_validator("object").iter_errors(defaulted), key=_error_sort_key)
+    return [_explain(error, "") for error in errors]
 
 
 def validate_spec(spec: Any, *, prefix: str = "spec") -> None:
     """Raise InvalidSpec for the first (by path) violation of the CRD schema."""
-    errors = sorted(_strict_validator().iter_errors(spec), key=_error_sort_key)
+    errors = sorted(_validator("spec").iter_errors(spec), key=_error_sort_key)
     if errors:
         raise _explain(errors[0], prefix)
 

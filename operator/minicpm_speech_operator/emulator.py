@@ -12,6 +12,7 @@ never get Pods or a status unless a test writes one).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import copy
@@ -19,6 +20,7 @@ import dataclasses
 import datetime
 import re
 import tempfile
+import threading
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -628,3 +630,55 @@ async def running_emulator(
                 yield RunningEmulator(emulator=emulator, url=url, kubeconfig_path=path)
             finally:
                 await emulator.end_watches()
+
+
+class BackgroundEmulator:
+    """Serves an emulator from its own thread and event loop.
+
+    The caller's own loop may then block (the official client is synchronous, Kopf's test
+    runner joins threads), and Kopf, which at its stop waits for every task of its loop,
+    never waits for the server's connections.
+    """
+
+    def __init__(self, crd_path: Path, namespaces: tuple[str, ...], kubeconfig_path: Path) -> None:
+        self._args = (crd_path, namespaces, kubeconfig_path)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kube-emulator", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self.running: RunningEmulator | None = None
+
+    def __enter__(self) -> RunningEmulator:
+        self._thread.start()
+        if not self._ready.wait(timeout=30):
+            raise TimeoutError("the emulator did not start within 30s")
+        if self._error is not None or self.running is None:
+            raise RuntimeError("the emulator failed to start") from self._error
+        return self.running
+
+    def __exit__(self, *_: object) -> None:
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            raise RuntimeError("the emulator did not stop within 30s")
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        crd_path, namespaces, kubeconfig_path = self._args
+        try:
+            async with running_emulator(
+                crd_path, namespaces, kubeconfig_path=kubeconfig_path
+            ) as running:
+                self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+                self.running = running
+                self._ready.set()
+                await self._stopping.wait()
+        except BaseException as error:
+            self._error = error
+            raise
+        finally:
+            self._ready.set()

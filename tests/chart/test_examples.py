@@ -10,13 +10,13 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
-from tests.chart.crd_schema import (
-    apply_defaults,
-    openapi_schema,
-    to_json_schema,
-    validation_errors,
+from minicpm_speech_operator.crd_schema import (
+    manifest_errors,
+    strict_json_schema,
+    version_schema,
+    with_defaults,
 )
+
 from tests.chart.rendering import EXAMPLES_DIR, KUBE_VERSION, REPO_ROOT, load_crd
 
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
@@ -29,6 +29,10 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 def speeches(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in documents(path) if doc["kind"] == "MiniCPMSpeech"]
+
+
+def validation_errors(manifest: dict[str, Any]) -> list[str]:
+    return [str(error) for error in manifest_errors(manifest)]
 
 
 def test_there_are_examples() -> None:
@@ -114,8 +118,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"runtime": {"imagePullPolicy": "Sometimes"}},
         "spec.runtime.imagePullPolicy",
     ),
-    "unknown field": ({"runtime": {"mps": {"enable": True}}}, "spec.runtime.mps"),
-    "concurrency off the grid": ({"perf": {"concurrencies": [3]}}, "spec.perf.concurrencies.0"),
+    "unknown field": ({"runtime": {"mps": {"enable": True}}}, "spec.runtime.mps.enable"),
+    "concurrency off the grid": ({"perf": {"concurrencies": [3]}}, "spec.perf.concurrencies[0]"),
     "wrong type": ({"replicas": "2"}, "spec.replicas"),
 }
 
@@ -136,7 +140,7 @@ def test_preserve_unknown_fields_subtrees_accept_anything() -> None:
 
 
 def test_defaults_are_applied_before_validation() -> None:
-    defaulted = apply_defaults(openapi_schema(), copy.deepcopy(BASE))
+    defaulted = with_defaults(version_schema(), BASE)
     assert defaulted["spec"]["replicas"] == 1
     assert defaulted["spec"]["runtime"]["mps"]["activeThreadPercentage"] == 100
     assert defaulted["spec"]["perf"]["headlineConcurrency"] == 8
@@ -153,9 +157,10 @@ def _schemas_with_defaults(schema: dict[str, Any], path: str = "") -> list[tuple
 
 def test_every_crd_default_is_valid_for_its_own_field() -> None:
     # The API server refuses a CRD whose defaults do not validate.
-    for path, schema in _schemas_with_defaults(openapi_schema()):
-        defaulted = apply_defaults(schema, copy.deepcopy(schema["default"]))
-        errors = list(jsonschema.Draft4Validator(to_json_schema(schema)).iter_errors(defaulted))
+    for path, schema in _schemas_with_defaults(version_schema()):
+        defaulted = with_defaults(schema, schema["default"])
+        validator = jsonschema.Draft4Validator(strict_json_schema(schema))
+        errors = list(validator.iter_errors(defaulted))
         assert errors == [], path
 
 

@@ -9,7 +9,6 @@ import inspect
 import json
 import re
 import secrets
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -20,10 +19,9 @@ import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 from minicpm_speech_operator.emulator import (
     ApiRequest,
+    BackgroundEmulator,
     ClusterEmulator,
-    RunningEmulator,
     load_crd,
-    running_emulator,
 )
 
 from .api import USER_AGENT, KubeApi
@@ -99,57 +97,6 @@ def unique_namespace(test_name: str) -> str:
     """A DNS-1123 label unique per test, readable in ``kubectl get ns``."""
     slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
     return f"t-{slug}-{secrets.token_hex(3)}"
-
-
-class BackgroundEmulator:
-    """Serves an emulator from its own thread and event loop.
-
-    A test may then block (the official client is synchronous, Kopf's runner joins threads)
-    without starving the API server it talks to.
-    """
-
-    def __init__(self, crd_path: Path, namespaces: tuple[str, ...], kubeconfig_path: Path) -> None:
-        self._args = (crd_path, namespaces, kubeconfig_path)
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kube-emulator", daemon=True)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self.running: RunningEmulator | None = None
-
-    def __enter__(self) -> RunningEmulator:
-        self._thread.start()
-        if not self._ready.wait(timeout=30):
-            raise TimeoutError("the emulator did not start within 30s")
-        if self._error is not None or self.running is None:
-            raise RuntimeError("the emulator failed to start") from self._error
-        return self.running
-
-    def __exit__(self, *_: object) -> None:
-        if self._loop is not None and self._stopping is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
-        self._thread.join(timeout=30)
-        if self._thread.is_alive():
-            raise RuntimeError("the emulator did not stop within 30s")
-
-    def _run(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        crd_path, namespaces, kubeconfig_path = self._args
-        try:
-            async with running_emulator(
-                crd_path, namespaces, kubeconfig_path=kubeconfig_path
-            ) as running:
-                self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
-                self.running = running
-                self._ready.set()
-                await self._stopping.wait()
-        except BaseException as error:
-            self._error = error
-            raise
-        finally:
-            self._ready.set()
 
 
 @contextlib.contextmanager
