@@ -1,0 +1,1 @@
+"""Benchmarks of the runtime; each prints a table and writes JSON."""
