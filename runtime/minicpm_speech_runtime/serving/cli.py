@@ -1,0 +1,229 @@
+"""``minicpm-speech-runtime serve``: the serving pod's entry point.
+
+    minicpm-speech-runtime serve --health-port 9400 --server-port 8091 \\
+        (--mps --mps-active-thread-percentage N | --no-mps) (--precapture | --no-precapture) \\
+        -- vllm serve MODEL --omni --deploy-config FILE --port 8091 ...
+
+In order: every check of :mod:`.config` (a failure prints one line and exits 2 for bad
+arguments, 1 otherwise, with nothing started); the health server; the MPS control daemon
+(``--mps``); the server command as a child in its own process group, with
+``PROMETHEUS_MULTIPROC_DIR``, ``MINICPM_SPEECH_CONTROL_DIR`` and
+``MINICPM_SPEECH_DEPLOY_CONFIG`` set; the warm-up (:mod:`.warmup`), after which ``/readyz``
+answers 200. SIGTERM/SIGINT go to the server's process group; after ``--grace-seconds`` the
+group is killed. Whatever ends the server, the MPS daemon is sent ``quit`` and waited for.
+The exit status is the server's (128 + signal when a signal ended it), or 1 when the
+warm-up failed while the server still ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from . import control
+from .config import StartupError, SupervisorConfig, parse_args, validate
+from .health import HealthServer, HealthState
+from .mps import MpsDaemon, MpsError, become_subreaper
+from .warmup import WarmupError, run_requests, wait_for_health, wait_for_plugin
+
+log = logging.getLogger("minicpm_speech_runtime.serve")
+PROG = "minicpm-speech-runtime"
+
+
+def _fail(reason: str, code: int) -> int:
+    print(f"{PROG}: {reason}", file=sys.stderr, flush=True)
+    return code
+
+
+class Supervisor:
+    def __init__(self, config: SupervisorConfig, run_dir: Path | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir or control.default_run_dir()
+        self.state = HealthState()
+        self.stop_event = threading.Event()
+        self.stop_signal: int | None = None
+        self.warmup_error: str | None = None
+        self.server: subprocess.Popen[bytes] | None = None
+        self.mps: MpsDaemon | None = None
+        self.health: HealthServer | None = None
+        self.started_at = time.monotonic()
+
+    # ----------------------------------------------------------------- probes
+
+    def live(self) -> tuple[bool, str]:
+        server = self.server
+        if server is not None and server.poll() is not None:
+            return False, f"server exited with {server.returncode}"
+        if self.mps is not None and self.mps.started and not self.mps.alive():
+            return False, "MPS control daemon is gone"
+        return True, "alive" if server is not None else "starting"
+
+    # ----------------------------------------------------------------- run
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+        self.stop_event.set()
+
+    def child_env(self, control_dir: Path, metrics_dir: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env[control.MULTIPROC_ENV] = str(metrics_dir)
+        env[control.CONTROL_DIR_ENV] = str(control_dir)
+        if self.config.server.deploy_config is not None:
+            env[control.DEPLOY_CONFIG_ENV] = str(self.config.server.deploy_config)
+        return env
+
+    def run(self) -> int:
+        cfg = self.config
+        control_dir, metrics_dir = control.prepare_run_dir(self.run_dir)
+        self.state.multiproc_dir = str(metrics_dir)
+        self.state.live_check = self.live
+        try:
+            self.health = HealthServer(self.state, cfg.health_port)
+        except OSError as exc:
+            return _fail(f"cannot serve the health port {cfg.health_port}: {exc.strerror}", 1)
+        self.health.start()
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            return self._run(control_dir, metrics_dir)
+        finally:
+            self.state.set_ready(False, "stopped")
+            self._stop_mps()
+            self.health.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self, control_dir: Path, metrics_dir: Path) -> int:
+        cfg = self.config
+        if cfg.mps:
+            become_subreaper()
+            pipe, log_dir = Path(os.environ["CUDA_MPS_PIPE_DIRECTORY"]), Path(
+                os.environ["CUDA_MPS_LOG_DIRECTORY"]
+            )
+            exe = shutil.which("nvidia-cuda-mps-control") or "nvidia-cuda-mps-control"
+            self.mps = MpsDaemon(exe, pipe, log_dir, cfg.mps_active_thread_percentage)
+            try:
+                self.mps.start()
+            except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
+                return _fail(f"MPS: {exc}", 1)
+            self.state.metrics.mps_up.set(1)
+            if self.stop_event.is_set():
+                return 128 + (self.stop_signal or signal.SIGTERM)
+        try:
+            self.server = subprocess.Popen(
+                list(cfg.server.argv),
+                env=self.child_env(control_dir, metrics_dir),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return _fail(f"cannot start {cfg.server.argv[0]}: {exc.strerror}", 1)
+        self.state.metrics.server_up.set(1)
+        self.state.set_ready(False, "warming up")
+        log.info("server started (pid %d): %s", self.server.pid, " ".join(cfg.server.argv))
+        warm = threading.Thread(target=self._warmup, args=(control_dir,), daemon=True)
+        warm.start()
+        return self._supervise()
+
+    def _supervise(self) -> int:
+        assert self.server is not None
+        server, grace = self.server, self.config.grace_seconds
+        mps_checked = time.monotonic()
+        while server.poll() is None:
+            if self.stop_event.wait(0.2):
+                break
+            if self.mps is not None and time.monotonic() - mps_checked > 5.0:
+                mps_checked = time.monotonic()
+                self.state.metrics.mps_up.set(1 if self.mps.alive() else 0)
+        self.state.set_ready(False, "stopping")
+        if server.poll() is None:
+            sig = self.stop_signal or signal.SIGTERM
+            log.info("forwarding signal %d to the server's process group", sig)
+            self._signal_group(sig)
+            try:
+                server.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                log.warning("server outlived the %g s grace period; killing it", grace)
+                self._signal_group(signal.SIGKILL)
+                server.wait()
+        # Whatever the server left in its group goes with it.
+        self._signal_group(signal.SIGKILL)
+        self.state.metrics.server_up.set(0)
+        rc = server.returncode
+        status = 128 - rc if rc < 0 else rc
+        if self.warmup_error is not None and self.stop_signal is None:
+            print(f"{PROG}: warm-up failed: {self.warmup_error}", file=sys.stderr, flush=True)
+            return status or 1
+        if status:
+            print(f"{PROG}: server exited with status {status}", file=sys.stderr, flush=True)
+        return status
+
+    def _signal_group(self, sig: int) -> None:
+        if self.server is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.server.pid, sig)
+
+    def _stop_mps(self) -> None:
+        if self.mps is not None and self.mps.started:
+            self.mps.stop()
+            self.state.metrics.mps_up.set(0)
+
+    def _warmup(self, control_dir: Path) -> None:
+        cfg = self.config
+        base = f"http://127.0.0.1:{cfg.server_port}"
+        deadline = self.started_at + cfg.warmup_timeout_seconds
+
+        def keep_going() -> bool:
+            return not self.stop_event.is_set() and (
+                self.server is not None and self.server.poll() is None
+            )
+
+        try:
+            wait_for_health(base, deadline, keep_going)
+            if cfg.batched_code2wav:
+                self.state.set_ready(False, "waiting for the stage-2 plugin")
+                wait_for_plugin(control_dir, cfg.precapture, deadline, keep_going)
+            self.state.set_ready(False, "warm-up requests")
+            model = cfg.server.served_model_name or "default"
+
+            def count(ok: bool) -> None:
+                self.state.metrics.warmup_requests.labels("ok" if ok else "error").inc()
+
+            run_requests(base, model, cfg.warmup_requests, timeout=300.0, on_result=count)
+        except WarmupError as exc:
+            if not keep_going():
+                return
+            self.warmup_error = str(exc)
+            self.stop_event.set()
+            return
+        self.state.metrics.warmup_seconds.set(time.monotonic() - self.started_at)
+        self.state.set_ready(True, "ready")
+        log.info("ready after %.1f s", time.monotonic() - self.started_at)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("MINICPM_SPEECH_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = validate(parse_args(list(sys.argv[1:] if argv is None else argv)))
+    except StartupError as exc:
+        return _fail(str(exc), exc.code)
+    return Supervisor(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

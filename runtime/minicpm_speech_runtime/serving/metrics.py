@@ -1,0 +1,217 @@
+"""Prometheus metrics of the Code2Wav runtime, and how they reach the supervisor's /metrics.
+
+vLLM-Omni runs stage 2 (Code2Wav) in its own process, so the runtime's metrics are written in
+prometheus-client's multiprocess mode: the supervisor sets ``PROMETHEUS_MULTIPROC_DIR`` for the
+server (``<run dir>/metrics``, on the pod's ``/tmp`` emptyDir, emptied at every start), every
+process that records a metric writes memory-mapped value files there, and the supervisor's
+``/metrics`` merges them with a :class:`prometheus_client.multiprocess.MultiProcessCollector`
+(:func:`multiprocess_registry`). vLLM keeps its own metrics in the same directory when the
+variable is set, so they appear on the same scrape. Gauges use the ``live*`` modes: the files
+of a dead process stop counting.
+
+Names (all prefixed ``minicpm_speech_``):
+
+=============================================  =========  ====================================
+``reference_preparations_total{outcome,detail}``  counter  one per request at chunk 0 or end
+``reference_inline_preparations_total``          counter  inline preparations run
+``code2wav_setup_solves_total{mode}``           counter  initial CFM solves, batched/scalar
+``code2wav_setup_streams_total{mode}``          counter  streams set up by those solves
+``code2wav_graph_captures_total{kind}``         counter  CUDA graphs captured
+``code2wav_graph_replays_total{kind}``          counter  graph replays
+``code2wav_graph_refusals_total{kind}``         counter  replays refused (shape/budget)
+``code2wav_eager_fallbacks_total{kind}``        counter  steps run eagerly instead
+``code2wav_graph_budget_used``                  gauge    graphs held (livemax)
+``code2wav_graph_budget_limit``                 gauge    the budget, ``cfm_max_graphs``
+``code2wav_chunk_duration_seconds{chunk}``      histogram  GPU time of a decode call
+``code2wav_active_streams``                     gauge    streams with state (livesum)
+``gpu_memory_bytes{kind}``                      gauge    torch allocator (livesum)
+=============================================  =========  ====================================
+
+``outcome`` is one of ``ahead``, ``inline``, ``late``, ``failed``, ``abandoned``; ``detail`` is
+part 1's finer outcome (:data:`PREP_OUTCOME`): a cached voice is prepared ahead, a queue-full
+request is inline.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..counters import OUTCOMES
+
+PREFIX = "minicpm_speech"
+
+# part 1's outcome -> (outcome, detail)
+PREP_OUTCOME: dict[str, tuple[str, str]] = {
+    "ahead": ("ahead", "ahead"),
+    "cached": ("ahead", "cached"),
+    "inline": ("inline", "inline"),
+    "queue_full": ("inline", "queue_full"),
+    "late": ("late", "late"),
+    "failed": ("failed", "failed"),
+    "abandoned": ("abandoned", "abandoned"),
+}
+assert set(PREP_OUTCOME) == set(OUTCOMES)
+
+GRAPH_KINDS = ("decode", "setup")
+SETUP_MODES = ("batched", "scalar")
+CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+
+
+class RuntimeMetrics:
+    """The runtime's metrics; one per process (see :func:`runtime_metrics`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+        p = PREFIX
+        self.preparations = Counter(
+            f"{p}_reference_preparations", "Reference voices by how chunk 0 got them",
+            ["outcome", "detail"], **kw,
+        )
+        self.inline_runs = Counter(
+            f"{p}_reference_inline_preparations", "Inline reference preparations run", **kw
+        )
+        self.setup_solves = Counter(
+            f"{p}_code2wav_setup_solves", "Initial CFM solves of new streams", ["mode"], **kw
+        )
+        self.setup_streams = Counter(
+            f"{p}_code2wav_setup_streams", "Streams set up by initial CFM solves", ["mode"], **kw
+        )
+        self.graph_captures = Counter(
+            f"{p}_code2wav_graph_captures", "CUDA graphs captured", ["kind"], **kw
+        )
+        self.graph_replays = Counter(
+            f"{p}_code2wav_graph_replays", "CUDA graph replays", ["kind"], **kw
+        )
+        self.graph_refusals = Counter(
+            f"{p}_code2wav_graph_refusals", "CUDA graph replays refused", ["kind"], **kw
+        )
+        self.eager_fallbacks = Counter(
+            f"{p}_code2wav_eager_fallbacks", "Steps run eagerly instead of by a graph",
+            ["kind"], **kw,
+        )
+        self.graph_budget_used = Gauge(
+            f"{p}_code2wav_graph_budget_used", "CUDA graphs held of the shared budget",
+            multiprocess_mode="livemax", **kw,
+        )
+        self.graph_budget_limit = Gauge(
+            f"{p}_code2wav_graph_budget_limit", "CUDA graph budget (cfm_max_graphs)",
+            multiprocess_mode="livemax", **kw,
+        )
+        self.chunk_seconds = Histogram(
+            f"{p}_code2wav_chunk_duration_seconds", "Device time of one Code2Wav decode call",
+            ["chunk"], buckets=CHUNK_BUCKETS, **kw,
+        )
+        self.active_streams = Gauge(
+            f"{p}_code2wav_active_streams", "Code2Wav streams holding state",
+            multiprocess_mode="livesum", **kw,
+        )
+        self.gpu_memory = Gauge(
+            f"{p}_gpu_memory_bytes", "GPU memory of the torch allocator in the Code2Wav process",
+            ["kind"], multiprocess_mode="livesum", **kw,
+        )
+        self._prep_seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+        # Every label set exists from the start, so a scrape shows zeros, not absences.
+        for outcome, detail in PREP_OUTCOME.values():
+            self.preparations.labels(outcome, detail)
+        for mode in SETUP_MODES:
+            self.setup_solves.labels(mode)
+            self.setup_streams.labels(mode)
+        for kind in GRAPH_KINDS:
+            for family in (self.graph_captures, self.graph_replays, self.graph_refusals,
+                           self.eager_fallbacks):
+                family.labels(kind)
+        for chunk in ("first", "steady"):
+            self.chunk_seconds.labels(chunk)
+
+    def record_prep_counters(self, snapshot: Mapping[str, int]) -> None:
+        """Add what part 1's :class:`PrepCounters` counted since the last call."""
+        with self._lock:
+            for name, value in snapshot.items():
+                delta = value - self._prep_seen.get(name, 0)
+                if delta <= 0:
+                    continue
+                self._prep_seen[name] = value
+                if name == "inline_runs":
+                    self.inline_runs.inc(delta)
+                elif name in PREP_OUTCOME:
+                    self.preparations.labels(*PREP_OUTCOME[name]).inc(delta)
+
+    def setup_solve(self, streams: int, batched: bool) -> None:
+        mode = "batched" if batched else "scalar"
+        self.setup_solves.labels(mode).inc()
+        self.setup_streams.labels(mode).inc(streams)
+
+    def graph_event(self, event: str, kind: str, n: int = 1) -> None:
+        family = {
+            "capture": self.graph_captures,
+            "replay": self.graph_replays,
+            "refusal": self.graph_refusals,
+            "eager": self.eager_fallbacks,
+        }[event]
+        family.labels(kind).inc(n)
+
+    def set_graph_budget(self, used: int, limit: int) -> None:
+        self.graph_budget_used.set(used)
+        self.graph_budget_limit.set(limit)
+
+    def observe_chunk(self, seconds: float, first: bool) -> None:
+        self.chunk_seconds.labels("first" if first else "steady").observe(seconds)
+
+    def set_active_streams(self, n: int) -> None:
+        self.active_streams.set(n)
+
+    def set_gpu_memory(self, allocated: int, reserved: int) -> None:
+        self.gpu_memory.labels("allocated").set(allocated)
+        self.gpu_memory.labels("reserved").set(reserved)
+
+
+_instance: RuntimeMetrics | None = None
+_instance_lock = threading.Lock()
+
+
+def runtime_metrics() -> RuntimeMetrics:
+    """This process's metrics, created once (prometheus-client refuses duplicate names)."""
+    global _instance
+    with _instance_lock:
+        if _instance is None:
+            _instance = RuntimeMetrics()
+        return _instance
+
+
+def multiprocess_registry(path: str | Path | None = None) -> CollectorRegistry | None:
+    """A registry merging the value files of ``path`` (default: ``$PROMETHEUS_MULTIPROC_DIR``)."""
+    directory = str(path) if path is not None else os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory or not Path(directory).is_dir():
+        return None
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry
+
+
+class SupervisorMetrics:
+    """The supervisor's own gauges, in its own registry (never in multiprocess mode)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        p = PREFIX
+        kw: dict[str, Any] = {"registry": self.registry}
+        self.ready = Gauge(f"{p}_ready", "1 once warm-up and precapture finished", **kw)
+        self.server_up = Gauge(f"{p}_server_up", "1 while the server process lives", **kw)
+        self.mps_up = Gauge(f"{p}_mps_daemon_up", "1 while the MPS control daemon lives", **kw)
+        self.warmup_seconds = Gauge(
+            f"{p}_warmup_duration_seconds", "Time from server start to ready", **kw
+        )
+        self.warmup_requests = Counter(
+            f"{p}_warmup_requests", "Warm-up requests by result", ["result"], **kw
+        )
+        for result in ("ok", "error"):
+            self.warmup_requests.labels(result)

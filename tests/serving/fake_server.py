@@ -1,0 +1,145 @@
+"""A tiny real HTTP server standing in for ``vllm serve ... --omni``.
+
+It answers ``GET /health`` (after ``FAKE_HEALTH_DELAY`` seconds) and
+``POST /v1/chat/completions`` (after ``FAKE_CHAT_DELAY``; with audio unless
+``FAKE_NO_AUDIO``), logs one JSON line per event to ``FAKE_SERVER_LOG``, and on SIGTERM exits
+with ``FAKE_TERM_STATUS`` (or ignores it with ``FAKE_IGNORE_TERM``). ``FAKE_CRASH_AFTER``
+makes it exit 3 that many seconds after it started answering. ``FAKE_PLUGIN`` writes the
+stage-2 plugin's control files (``FAKE_PLUGIN=failed`` a failed precapture) after
+``FAKE_PLUGIN_DELAY``; ``FAKE_METRICS`` records runtime metrics in multiprocess mode;
+``FAKE_CUDA`` runs a torch matmul on the GPU at start and per request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+LOG = os.environ.get("FAKE_SERVER_LOG")
+START = time.monotonic()
+
+
+def event(kind: str, **fields: object) -> None:
+    if LOG:
+        with open(LOG, "a") as f:
+            f.write(json.dumps({"event": kind, "t": time.monotonic() - START, **fields}) + "\n")
+
+
+def cuda_work() -> float:
+    import torch
+
+    a = torch.randn(2048, 2048, device="cuda")
+    b = (a @ a).sum().item()
+    torch.cuda.synchronize()
+    return float(b)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            ok = time.monotonic() - START >= float(os.environ.get("FAKE_HEALTH_DELAY", "0"))
+            self._send(200 if ok else 503, {"ok": ok})
+        else:
+            self._send(404, {})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length))
+        time.sleep(float(os.environ.get("FAKE_CHAT_DELAY", "0")))
+        if os.environ.get("FAKE_CUDA"):
+            cuda_work()
+        event("chat", modalities=body.get("modalities"), has_ref="ref_audio" in body,
+              model=body.get("model"))
+        audio = None if os.environ.get("FAKE_NO_AUDIO") else {"id": "a", "data": "UklGRg=="}
+        self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                               "content": "ok",
+                                                               "audio": audio}}]})
+
+    def _send(self, code: int, doc: object) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def write_plugin_files() -> None:
+    time.sleep(float(os.environ.get("FAKE_PLUGIN_DELAY", "0")))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+    from minicpm_speech_runtime.serving import control
+
+    directory = control.control_dir_from_env()
+    assert directory is not None
+    control.write_json(directory, control.PLUGIN_FILE, {"pid": os.getpid(), "options": {}})
+    state = "failed" if os.environ["FAKE_PLUGIN"] == "failed" else "done"
+    control.write_json(directory, control.PRECAPTURE_FILE,
+                       {"state": state, "reason": "fake failure", "graphs": 3})
+    event("plugin", state=state)
+
+
+def record_metrics() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+    from minicpm_speech_runtime.serving.metrics import runtime_metrics
+
+    m = runtime_metrics()
+    m.record_prep_counters({"ahead": 3, "cached": 1, "late": 1, "inline": 2, "queue_full": 0,
+                            "failed": 0, "abandoned": 1, "inline_runs": 3})
+    m.setup_solve(4, batched=True)
+    m.setup_solve(1, batched=False)
+    m.graph_event("capture", "decode", 5)
+    m.graph_event("replay", "decode", 40)
+    m.graph_event("refusal", "setup")
+    m.graph_event("eager", "decode", 2)
+    m.set_graph_budget(5, 32)
+    m.observe_chunk(0.012, first=True)
+    m.observe_chunk(0.004, first=False)
+    m.set_active_streams(4)
+    m.set_gpu_memory(1 << 30, 2 << 30)
+    event("metrics")
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8091
+    event("start", argv=argv, env={k: v for k, v in os.environ.items()
+                                   if k.startswith(("MINICPM_SPEECH", "PROMETHEUS", "CUDA_MPS"))})
+
+    def on_term(signum: int, frame: object) -> None:
+        event("signal", signum=signum)
+        if os.environ.get("FAKE_IGNORE_TERM"):
+            return
+        os._exit(int(os.environ.get("FAKE_TERM_STATUS", "0")))
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    if os.environ.get("FAKE_CUDA"):
+        event("cuda", value=cuda_work())
+    if os.environ.get("FAKE_METRICS"):
+        record_metrics()
+    if os.environ.get("FAKE_PLUGIN"):
+        threading.Thread(target=write_plugin_files, daemon=True).start()
+    crash = os.environ.get("FAKE_CRASH_AFTER")
+    if crash:
+        def later() -> None:
+            time.sleep(float(crash))
+            event("crash")
+            os._exit(3)
+
+        threading.Thread(target=later, daemon=True).start()
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    httpd.daemon_threads = True
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""The plugin without vLLM-Omni installed: a stand-in of ``MiniCPMO45Code2Wav`` with the same
+method names, part 1's real reference preparation on a tiny random checkpoint (CPU)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from minicpm_speech_runtime.serving import control, plugin
+from minicpm_speech_runtime.serving.backend import RuntimeBackend
+
+FEATURES_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav"
+
+
+@dataclass(frozen=True)
+class PromptFeatures:  # vLLM-Omni's fields
+    cache_key: tuple[str, str]
+    speech_tokens: torch.Tensor
+    speaker_embedding: torch.Tensor
+    mels: torch.Tensor
+
+
+@dataclass
+class _Entry:
+    cache_id: str
+    path: str
+
+
+class FakeEngine:
+    """``BatchedToken2Wav``'s surface, recording calls."""
+
+    def __init__(self, tokenizer: torch.nn.Module) -> None:
+        self.speech_window = torch.zeros(4)
+        self._token2wav = types.SimpleNamespace(
+            _core=types.SimpleNamespace(_audio_tokenizer=tokenizer)
+        )
+        self.calls: list[tuple[str, Any]] = []
+
+    def prepare_prompt(self, cache_id: str, wav: str) -> Any:
+        self.calls.append(("prepare", cache_id))
+        return ("inline-features", cache_id)
+
+    def setup_batch(self, features: Any, n: int) -> list[Any]:
+        self.calls.append(("setup", n))
+        return [object() for _ in range(n)]
+
+    def decode_batch(self, tokens: torch.Tensor, features: Any, states: list[Any], *,
+                     last_chunk: bool) -> tuple[list[torch.Tensor], list[Any]]:
+        self.calls.append(("decode", tuple(tokens.shape)))
+        return [torch.zeros(10) for _ in states], [object() for _ in states]
+
+    def decode_ragged_batch(self, tokens: list[torch.Tensor], features: Any, states: list[Any],
+                            *, last_chunks: list[bool]) -> tuple[list[Any], list[Any]]:
+        return [torch.zeros(10) for _ in states], list(states)
+
+    def evict_prompt(self, cache_id: str, wav: str) -> None:
+        self.calls.append(("evict", cache_id))
+
+
+def make_fake_class(tokenizer: torch.nn.Module) -> type:
+    class FakeCode2Wav:
+        builds = 0
+
+        def __init__(self, extras: dict[str, Any], model_path: Path, refs: dict[str, bytes],
+                     spool: Path) -> None:
+            self.backend: Any = None
+            self._extras, self.model_path = extras, str(model_path)
+            self._states: dict[str, Any] = {}
+            self.refs, self.spool = refs, spool
+
+        def _extra_config(self) -> dict[str, Any]:
+            return dict(self._extras)
+
+        def _build_backend(self) -> None:
+            type(self).builds += 1
+            if self.backend is None:
+                self.backend = FakeEngine(tokenizer)
+
+        def _materialize_runtime_prompt(self, ref_audio: str, sample_rate: int) -> Any:
+            path = self.spool / f"{ref_audio}.wav"
+            path.write_bytes(self.refs[ref_audio])
+            return ref_audio, _Entry(f"runtime-ref-{ref_audio}", str(path))
+
+        def _normalized_default_prompt(self) -> tuple[str, str]:
+            path = self.spool / "default.wav"
+            path.write_bytes(self.refs["default"])
+            return str(path), "default-ref"
+
+    return FakeCode2Wav
+
+
+@pytest.fixture
+def fake_vllm_omni(models: Any, monkeypatch: pytest.MonkeyPatch) -> type:
+    cls = make_fake_class(models.tokenizer)
+    code2wav = types.ModuleType(plugin.CODE2WAV_MODULE)
+    code2wav.MiniCPMO45Code2Wav = cls  # type: ignore[attr-defined]
+    features = types.ModuleType(FEATURES_MODULE)
+    features.PromptFeatures = PromptFeatures  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, plugin.CODE2WAV_MODULE, code2wav)
+    monkeypatch.setitem(sys.modules, FEATURES_MODULE, features)
+    monkeypatch.setattr(plugin, "_registered", False)
+    return cls
+
+
+def _deploy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: Any) -> dict[str, Any]:
+    extras = {"batched_code2wav": True, "micro_batch_size": 2, "setup_graph_batch_sizes": [1, 2],
+              "cfm_graph_precapture": True, "reference_prep_workers": 2,
+              "reference_cache_size": 4, "campplus_backend": "onnxruntime", **extra}
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump({"connectors": {"connector_of_shared_memory": {
+        "extra": extras}}}))
+    monkeypatch.setenv(control.DEPLOY_CONFIG_ENV, str(path))
+    monkeypatch.setenv(control.CONTROL_DIR_ENV, str(tmp_path / "control"))
+    return extras
+
+
+@pytest.fixture
+def model_dir(tiny_checkpoint: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    (folder / "assets").mkdir(parents=True)
+    (folder / "assets" / "token2wav").symlink_to(tiny_checkpoint)
+    return folder
+
+
+def test_off_without_deploy_config_is_a_no_op(
+    fake_vllm_omni: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(control.DEPLOY_CONFIG_ENV, raising=False)
+    before = dict(vars(fake_vllm_omni))
+    plugin.register()
+    plugin.register()
+    assert dict(vars(fake_vllm_omni)) == before
+    assert not hasattr(fake_vllm_omni, plugin.MARKER)
+
+
+def test_off_in_deploy_config_is_a_no_op(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _deploy(tmp_path, monkeypatch, batched_code2wav=False)
+    before = dict(vars(fake_vllm_omni))
+    plugin.register()
+    assert dict(vars(fake_vllm_omni)) == before
+
+
+def test_without_vllm_omni_register_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _deploy(tmp_path, monkeypatch)
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setitem(sys.modules, plugin.CODE2WAV_MODULE, None)  # import fails
+    plugin.register()  # logs, raises nothing
+
+
+def test_on_patches_once_even_when_loaded_twice(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _deploy(tmp_path, monkeypatch)
+    plugin.register()
+    build = fake_vllm_omni._build_backend
+    plugin.register()
+    # A second import of the plugin module (fresh globals) still finds the class marker.
+    reloaded = importlib.reload(plugin)
+    reloaded.register()
+    assert fake_vllm_omni._build_backend is build
+    assert getattr(fake_vllm_omni, plugin.MARKER) is True
+    assert reloaded.patch_code2wav(fake_vllm_omni) is False
+
+
+def test_stage_with_option_off_keeps_vllm_omni_backend(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    _deploy(tmp_path, monkeypatch)
+    plugin.register()
+    model = fake_vllm_omni({"batched_code2wav": False}, model_dir, {}, tmp_path)
+    model._build_backend()
+    assert isinstance(model.backend, FakeEngine)
+    assert not (tmp_path / "control" / control.PLUGIN_FILE).exists()
+
+
+def test_on_wires_ahead_of_time_preparation_and_precapture(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path,
+    models: Any,
+) -> None:
+    from minicpm_speech_runtime.device import DeviceHalf
+    from minicpm_speech_runtime.host import prepare_host
+    from minicpm_speech_runtime.speaker import make_speaker
+    from minicpm_speech_runtime.synth import wav_bytes
+
+    extras = _deploy(tmp_path, monkeypatch)
+    plugin.register()
+    refs = {"default": wav_bytes(2.0, 24000, seed=1), "a": wav_bytes(2.5, 16000, seed=2),
+            "b": wav_bytes(3.0, 22050, seed=3)}
+    model = fake_vllm_omni(extras, model_dir, refs, tmp_path)
+    model._build_backend()
+    model._build_backend()  # vLLM-Omni may call it again: nothing changes
+    backend = model.backend
+    assert isinstance(backend, RuntimeBackend)
+    assert fake_vllm_omni.builds == 2
+    written = control.read_json(tmp_path / "control", control.PLUGIN_FILE)
+    assert written is not None and written["options"]["micro_batch_size"] == 2
+    pre = control.read_json(tmp_path / "control", control.PRECAPTURE_FILE)
+    assert pre is not None and pre["state"] == "done" and pre["batch_sizes"] == [1, 2]
+    engine = backend.engine
+    assert [c for c in engine.calls if c[0] == "setup"] == [("setup", 1), ("setup", 2)]
+    assert ("decode", (2, 28)) in engine.calls
+
+    # A request's reference: submitted when vLLM-Omni writes it, acquired at chunk 0.
+    _, entry = model._materialize_runtime_prompt("a", 16000)
+    assert backend.prep.wait_idle(60)
+    features = backend.prepare_prompt(entry.cache_id, entry.path)
+    assert backend.prep.counters.snapshot()["ahead"] == 1
+    cpu = torch.device("cpu")
+    expected = DeviceHalf(models.tokenizer,
+                          make_speaker("onnxruntime", models.campplus, models.campplus_onnx, cpu),
+                          cpu).run(prepare_host(refs["a"]))
+    assert isinstance(features, PromptFeatures)
+    assert features.cache_key == (entry.cache_id, entry.path)
+    assert torch.equal(features.speech_tokens, expected.prompt_tokens)
+    assert torch.equal(features.speaker_embedding, expected.spk_emb)
+    assert torch.equal(features.mels, expected.prompt_mels)
+    assert backend.prepare_prompt(entry.cache_id, entry.path) is features  # once per voice
+
+    # A reference chunk 0 reaches before its job ran: late or ahead, never lost.
+    _, entry_b = model._materialize_runtime_prompt("b", 22050)
+    backend.prepare_prompt(entry_b.cache_id, entry_b.path)
+    snap = backend.prep.counters.snapshot()
+    assert snap["ahead"] + snap["late"] == 2
+
+    # vLLM-Omni evicts the prompts: the pool lets go, the engine is told.
+    for e in (entry, entry_b):
+        backend.evict_prompt(e.cache_id, e.path)
+    assert ("evict", entry.cache_id) in engine.calls
+    backend.prep.wait_idle(60)
+    assert backend.prep.live_spool_files() == []
+    # Only the default voice stays pinned: vLLM-Omni never evicts its default prompt.
+    assert list(backend.prep.pins().values()) == [{"default-ref"}]
+    backend.close()
