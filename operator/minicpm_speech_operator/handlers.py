@@ -50,8 +50,10 @@ async def resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
 @kopf.on.event("v1", "configmaps", labels=CHILDREN)
 @kopf.on.event("v1", "services", labels=CHILDREN)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILDREN)
+@kopf.on.event("batch", "v1", "jobs", labels=CHILDREN)
 async def child_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    """A child edited, deleted or rolled out: converge its owner and refresh its status."""
+    """A child edited, deleted or rolled out, or a benchmark Job started or finished:
+    converge its owner and refresh its status (a finished Job's pod is read then)."""
     owner = next(
         (ref["name"] for ref in body.metadata.get("ownerReferences") or []
          if ref.get("kind") == KIND and ref.get("controller")),

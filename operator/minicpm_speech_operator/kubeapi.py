@@ -30,6 +30,8 @@ class _Verbs:
     read: Callable[..., Any]
     create: Callable[..., Any]
     patch: Callable[..., Any]
+    list: Callable[..., Any]
+    delete: Callable[..., Any]
 
 
 class KubeApi:
@@ -42,6 +44,9 @@ class KubeApi:
             "Secret": _verbs(core, "namespaced_secret"),
             "Service": _verbs(core, "namespaced_service"),
             "Deployment": _verbs(apps, "namespaced_deployment"),
+            # The benchmark Jobs, and their pods, read for the termination message only.
+            "Job": _verbs(k8s.BatchV1Api(client), "namespaced_job"),
+            "Pod": _verbs(core, "namespaced_pod"),
         }
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -60,6 +65,23 @@ class KubeApi:
     async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> Any:
         return await _call(self._verbs[kind].patch, name, namespace, patch,
                            _content_type=MERGE_PATCH)
+
+    async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        found = await _call(self._verbs[kind].list, namespace, label_selector=label_selector)
+        items: list[dict[str, Any]] = found.get("items") or []
+        return items
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete with background propagation (a Job's pods and ConfigMap follow it);
+        False when it was already gone."""
+        try:
+            await _call(self._verbs[kind].delete, name, namespace,
+                        propagation_policy="Background")
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     async def get_speech(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await _absent_as_none(self._custom.get_namespaced_custom_object,
@@ -87,6 +109,8 @@ def _verbs(api: Any, suffix: str) -> _Verbs:
         read=getattr(api, f"read_{suffix}"),
         create=getattr(api, f"create_{suffix}"),
         patch=getattr(api, f"patch_{suffix}"),
+        list=getattr(api, f"list_{suffix}"),
+        delete=getattr(api, f"delete_{suffix}"),
     )
 
 

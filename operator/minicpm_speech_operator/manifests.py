@@ -68,21 +68,23 @@ def endpoint_url(owner: Owner, spec: SpeechSpec) -> str:
     return f"http://{owner.name}.{owner.namespace}.svc:{spec.runtime.port}/v1"
 
 
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def _metadata(owner: Owner, name: str, cfg: ServingConfig) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": owner.namespace,
         "labels": child_labels(owner, cfg),
-        "ownerReferences": [
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": owner.name,
-                "uid": owner.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ],
+        "ownerReferences": [owner_reference(owner)],
     }
 
 
@@ -150,58 +152,73 @@ def _rollout_strategy(replicas: int) -> dict[str, Any]:
 
 
 def _pod_spec(owner: Owner, spec: SpeechSpec) -> dict[str, Any]:
-    rt = spec.runtime
-    pod: dict[str, Any] = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": SERVING_UID,
-            "runAsGroup": SERVING_UID,
-            "fsGroup": SERVING_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+    return {
+        "securityContext": pod_security_context(),
         # Draining streams, then quitting the MPS daemon cleanly, takes a moment.
         "terminationGracePeriodSeconds": 120,
         "enableServiceLinks": False,
         "containers": [_server_container(spec)],
-        "volumes": _volumes(owner, spec),
-        "tolerations": [
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-            *rt.tolerations,
-        ],
+        "volumes": server_volumes(owner, spec),
+        **gpu_placement(spec),
     }
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": SERVING_UID,
+        "runAsGroup": SERVING_UID,
+        "fsGroup": SERVING_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def gpu_placement(spec: SpeechSpec) -> dict[str, Any]:
+    """Tolerations and node selector of a pod that runs where the serving pods run."""
+    rt = spec.runtime
+    placement: dict[str, Any] = {"tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        *rt.tolerations,
+    ]}
     if rt.node_selector:
-        pod["nodeSelector"] = dict(rt.node_selector)
-    return pod
+        placement["nodeSelector"] = dict(rt.node_selector)
+    return placement
+
+
+def server_resources(spec: SpeechSpec, *, gpu: bool = True) -> dict[str, Any]:
+    resources = {kind: dict(values) for kind, values in spec.runtime.resources.items()}
+    if gpu:
+        # Quantities are strings in the API; the client refuses a bare number here.
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = "1"
+        resources.setdefault("requests", {})["nvidia.com/gpu"] = "1"
+    return resources
 
 
 def _server_container(spec: SpeechSpec) -> dict[str, Any]:
     rt = spec.runtime
-    resources = {kind: dict(values) for kind, values in rt.resources.items()}
-    # Quantities are strings in the API; the client refuses a bare number here.
-    resources.setdefault("limits", {})["nvidia.com/gpu"] = "1"
-    resources.setdefault("requests", {})["nvidia.com/gpu"] = "1"
     return {
         "name": "server",
         "image": rt.image,
         "imagePullPolicy": rt.image_pull_policy,
         "command": ["minicpm-speech-runtime", "serve"],
         "args": [*supervisor_args(spec), "--", *vllm_serve_command(spec)],
-        "env": _environment(spec),
+        "env": server_environment(spec),
         "ports": [
             {"name": "http", "containerPort": rt.port, "protocol": "TCP"},
             {"name": "health", "containerPort": rt.health_port, "protocol": "TCP"},
         ],
-        "resources": resources,
-        "volumeMounts": _volume_mounts(spec),
+        "resources": server_resources(spec),
+        "volumeMounts": server_volume_mounts(spec),
         "startupProbe": _probe("/readyz", rt.health_port, period=STARTUP_PROBE_PERIOD_SECONDS,
                                failures=math.ceil(rt.startup_timeout_seconds
                                                   / STARTUP_PROBE_PERIOD_SECONDS)),
         "readinessProbe": _probe("/readyz", rt.health_port, period=5, failures=3),
         "livenessProbe": _probe("/livez", rt.health_port, period=10, failures=6),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(),
     }
 
 
@@ -216,12 +233,19 @@ def supervisor_args(spec: SpeechSpec) -> list[str]:
     return args
 
 
-def vllm_serve_command(spec: SpeechSpec) -> list[str]:
+def model_target(spec: SpeechSpec) -> str:
+    """What `vllm serve` loads: the hub repository id, or the checkpoint folder in the claim."""
     model = spec.model
-    target = model.hub_repo if model.from_hub else f"{MODEL_DIR}/{model.claim_path}".rstrip("/")
+    return str(model.hub_repo if model.from_hub else f"{MODEL_DIR}/{model.claim_path}".rstrip("/"))
+
+
+def vllm_serve_command(
+    spec: SpeechSpec, deploy_config: str = f"{DEPLOY_CONFIG_DIR}/{DEPLOY_CONFIG_FILE}"
+) -> list[str]:
+    model = spec.model
     command = [
-        "vllm", "serve", str(target), "--omni",
-        "--deploy-config", f"{DEPLOY_CONFIG_DIR}/{DEPLOY_CONFIG_FILE}",
+        "vllm", "serve", model_target(spec), "--omni",
+        "--deploy-config", deploy_config,
         "--host", "0.0.0.0", "--port", str(spec.runtime.port),
         "--served-model-name", model.served_model_name,
     ]
@@ -230,7 +254,7 @@ def vllm_serve_command(spec: SpeechSpec) -> list[str]:
     return command
 
 
-def _environment(spec: SpeechSpec) -> list[dict[str, Any]]:
+def server_environment(spec: SpeechSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "VLLM_WORKER_MULTIPROC_METHOD", "value": "spawn"},
         {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
@@ -252,7 +276,7 @@ def _environment(spec: SpeechSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _volume_mounts(spec: SpeechSpec) -> list[dict[str, Any]]:
+def server_volume_mounts(spec: SpeechSpec) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": "deploy-config", "mountPath": DEPLOY_CONFIG_DIR, "readOnly": True},
         {"name": "cache", "mountPath": CACHE_DIR},
@@ -269,7 +293,7 @@ def _volume_mounts(spec: SpeechSpec) -> list[dict[str, Any]]:
     return mounts
 
 
-def _volumes(owner: Owner, spec: SpeechSpec) -> list[dict[str, Any]]:
+def server_volumes(owner: Owner, spec: SpeechSpec) -> list[dict[str, Any]]:
     model, rt = spec.model, spec.runtime
     cache: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": model.cache_claim}}

@@ -8,19 +8,38 @@ a restart mid-way converges without duplicates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import metrics
-from .apply import apply, is_controlled_by
+from .apply import ChildConflict, apply, is_controlled_by
 from .errors import InvalidSpec
-from .kubeapi import KubeApi
-from .manifests import Owner, build_children, configmap_name, endpoint_url, owner_of
+from .kubeapi import AlreadyExists, KubeApi
+from .lastgood import build_lastgood_configmap, lastgood_from_configmap, lastgood_name
+from .manifests import (
+    CONFIG_HASH_KEY,
+    Owner,
+    build_children,
+    configmap_name,
+    endpoint_url,
+    owner_of,
+)
+from .perf_jobs import (
+    JobRequest,
+    build_job,
+    build_job_configmap,
+    job_name,
+    label_selector,
+    perf_selector,
+)
+from .perf_plan import Observed, PerfPlan, plan
+from .perf_results import attempt_of, newest_pod, read_result, to_read
 from .serving_config import ServingConfig, check_token_secret, profile_document, serving_config
 from .spec import SpeechSpec, parse_spec
-from .status import Served, build_status, served_from
+from .status import PerfView, Served, build_status, condition_from, rollout_conditions, served_from
 
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 Result = Literal["ok", "invalid", "gone"]
@@ -66,26 +85,106 @@ class Reconciler:
         except InvalidSpec as invalid:
             metrics.FAILURES.labels(invalid.reason).inc()
             return await self._refuse(body, owner, invalid)
+        perf = await self._perf_plan(owner, spec, cfg, previous)
+        # A failed gate with rollback on serves the last good config; the spec stays.
+        serve_spec, serve_cfg = perf.serve or (spec, cfg)
         changes: list[tuple[str, str, str]] = []
         deployment = None
         try:
-            for child in build_children(owner, spec, cfg):
+            for child in build_children(owner, serve_spec, serve_cfg):
+                if child["kind"] == "Deployment" and perf.scale_to_zero:
+                    # Only the count: the strategy stays the one for the user's replicas.
+                    child["spec"]["replicas"] = 0
                 live, action = await apply(self._api, child, owner.uid)
                 changes.append((child["kind"], child["metadata"]["name"], action))
                 if child["kind"] == "Deployment":
                     deployment = live
+            events = await self._carry_out(owner, perf)
         except InvalidSpec as conflict:
             metrics.FAILURES.labels(conflict.reason).inc()
             return await self._refuse(body, owner, conflict)
-        served = Served(cfg.profile_label, cfg.config_hash, endpoint_url(owner, spec),
-                        configmap_name(owner))
+        served = Served(serve_cfg.profile_label, serve_cfg.config_hash,
+                        endpoint_url(owner, serve_spec), configmap_name(owner))
         status = build_status(
             generation=body["metadata"].get("generation", 0), served=served,
-            deployment=deployment, replicas=spec.replicas, invalid=None,
-            previous=previous, now=self._clock(),
+            deployment=deployment, replicas=0 if perf.scale_to_zero else spec.replicas,
+            invalid=None, previous=previous, now=self._clock(), perf=perf.view,
         )
-        await self._publish(body, status, changes)
+        await self._publish(body, status, changes, events)
         return Outcome("ok", changes, status)
+
+    async def _perf_plan(self, owner: Owner, spec: SpeechSpec, cfg: ServingConfig,
+                         previous: Mapping[str, Any]) -> PerfPlan:
+        """Read what the benchmark needs from the cluster, then decide (perf_plan.plan)."""
+        ns, enabled = owner.namespace, spec.perf.enabled
+        if not enabled and not previous.get("perf"):
+            return plan(spec, cfg, Observed((), {}, None, False), None)
+        jobs = await self._api.list("Job", ns, label_selector(perf_selector(owner)))
+        attempts = tuple(a for job in jobs
+                         if is_controlled_by(job, owner.uid) and (a := attempt_of(job)))
+        results, last_good, ready = {}, None, False
+        if enabled:
+            for attempt in to_read(attempts, cfg.config_hash):
+                pods = await self._api.list("Pod", ns, f"job-name={attempt.name}")
+                results[attempt.name] = read_result(attempt, newest_pod(pods))
+            record = await self._api.get("ConfigMap", ns, lastgood_name(owner))
+            if record is not None and is_controlled_by(record, owner.uid):
+                last_good = lastgood_from_configmap(record)
+            if spec.perf.placement == "live":
+                deployment = await self._api.get("Deployment", ns, owner.name)
+                ready = _serves(deployment, cfg.config_hash, spec.replicas)
+        return plan(spec, cfg, Observed(attempts, results, last_good, ready), previous.get("perf"))
+
+    async def _carry_out(self, owner: Owner, perf: PerfPlan) -> list[tuple[str, str, str]]:
+        """Delete what is superseded first (it frees GPUs), then start what is missing."""
+        events = []
+        for name, why in perf.delete:
+            if await self._api.delete("Job", owner.namespace, name):
+                events.append(("Normal", "JobDeleted", f"Job {name} deleted: {why}"))
+        for request in perf.create:
+            uid, created = await self._ensure_job(owner, request)
+            await self._ensure_job_config(owner, request, uid)
+            name = job_name(owner, request.kind, request.config_hash, request.attempt)
+            if created and request.kind in perf.retry_notes:
+                events.append(("Warning", "BenchmarkRetried",
+                               f"Job {name} created, attempt {request.attempt}, after "
+                               + perf.retry_notes[request.kind]))
+            elif created:
+                events.append(("Normal", "BenchmarkStarted",
+                               f"Job {name} created ({request.kind} of {request.config_hash},"
+                               f" attempt {request.attempt})"))
+        for request in perf.running:
+            live = await self._api.get("Job", owner.namespace, job_name(
+                owner, request.kind, request.config_hash, request.attempt))
+            if live is not None:
+                await self._ensure_job_config(owner, request, live["metadata"]["uid"])
+        if perf.record is not None:
+            await apply(self._api, build_lastgood_configmap(owner, perf.record), owner.uid)
+        return events
+
+    async def _ensure_job(self, owner: Owner, request: JobRequest) -> tuple[str, bool]:
+        """Look up by name before creating: a restart never starts a second Job."""
+        job = build_job(owner, request)
+        name = job["metadata"]["name"]
+        live = await self._api.get("Job", owner.namespace, name)
+        created = False
+        if live is None:
+            try:
+                live, created = await self._api.create(job), True
+            except AlreadyExists:
+                live = await self._api.get("Job", owner.namespace, name)
+        if live is None or not is_controlled_by(live, owner.uid):
+            raise ChildConflict(f"Job {name}", "exists and is not controlled by this "
+                                "MiniCPMSpeech", "Delete or rename that Job")
+        return live["metadata"]["uid"], created
+
+    async def _ensure_job_config(self, owner: Owner, request: JobRequest, uid: str) -> None:
+        configmap = build_job_configmap(owner, request, uid)
+        meta = configmap["metadata"]
+        if await self._api.get("ConfigMap", meta["namespace"], meta["name"]) is None:
+            # Never rewritten: the running Job may already have read it.
+            with contextlib.suppress(AlreadyExists):
+                await self._api.create(configmap)
 
     async def _serving_config(self, namespace: str, spec: SpeechSpec) -> ServingConfig:
         configmap = secret = None
@@ -106,24 +205,53 @@ class Reconciler:
         status = build_status(
             generation=body["metadata"].get("generation", 0), served=served_from(previous),
             deployment=deployment, replicas=replicas, invalid=invalid,
-            previous=previous, now=self._clock(),
+            previous=previous, now=self._clock(), perf=_kept_perf(previous),
         )
         await self._publish(body, status, [])
         return Outcome("invalid", [], status)
 
     async def _publish(
-        self, body: dict[str, Any], status: dict[str, Any], changes: list[tuple[str, str, str]]
+        self, body: dict[str, Any], status: dict[str, Any], changes: list[tuple[str, str, str]],
+        events: list[tuple[str, str, str]] | None = None,
     ) -> None:
         previous = body.get("status") or {}
         for kind, name, action in changes:
             if action != "unchanged":
                 metrics.CHILD_CHANGES.labels(kind, action).inc()
                 self._emit(body, "Normal", action.capitalize(), f"{kind} {name} {action}")
-        for event in transition_events(previous, status):
+        for event in [*(events or []), *transition_events(previous, status)]:
             self._emit(body, *event)
         if status != {key: previous.get(key) for key in status}:
             meta = body["metadata"]
-            await self._api.patch_speech_status(meta["namespace"], meta["name"], status)
+            patch = {**status, "perf": with_removals(previous.get("perf"), status.get("perf"))}
+            await self._api.patch_speech_status(meta["namespace"], meta["name"], patch)
+
+
+def with_removals(old: Any, new: Any) -> Any:
+    """``new`` as a merge patch over ``old``: keys that ``new`` dropped are set to null, at
+    every depth, or a merge patch would leave a stale result behind."""
+    if not isinstance(new, Mapping) or not isinstance(old, Mapping):
+        return new
+    patch = {key: with_removals(old.get(key), value) for key, value in new.items()}
+    patch.update({key: None for key in old if key not in new})
+    return patch
+
+
+def _serves(deployment: Mapping[str, Any] | None, config_hash: str, replicas: int) -> bool:
+    """Every replica runs ``config_hash`` and has warmed up: a live benchmark may start."""
+    if deployment is None:
+        return False
+    labels = deployment["metadata"].get("labels") or {}
+    ready = rollout_conditions(deployment, replicas)[0]
+    return labels.get(CONFIG_HASH_KEY) == config_hash and bool(ready.status)
+
+
+def _kept_perf(previous: Mapping[str, Any]) -> PerfView:
+    """A refused spec changes nothing: the benchmark's status and conditions stay as they were."""
+    kept = ("Benchmarked", "PerfGate", "QualityGate", "RolledBack", "Maintenance")
+    conditions = tuple(condition_from(c) for c in previous.get("conditions") or []
+                       if c.get("type") in kept)
+    return PerfView(previous.get("perf"), conditions)
 
 
 def transition_events(
@@ -141,6 +269,13 @@ def transition_events(
         old_degraded.get("message") != new_degraded.get("message")
     ):
         events.append(("Warning", new_degraded["reason"], new_degraded["message"]))
+    old_bench, new_bench = _condition(previous, "Benchmarked"), _condition(status, "Benchmarked")
+    if new_bench.get("reason") not in (None, "Running", "Waiting") and (
+            old_bench.get("status"), old_bench.get("reason")) != (new_bench["status"],
+                                                                  new_bench["reason"]):
+        kind = "Normal" if new_bench["status"] == "True" else "Warning"
+        events.append((kind, "Benchmarked" if kind == "Normal" else new_bench["reason"],
+                       f"{(status.get('perf') or {}).get('configHash')}: {new_bench['message']}"))
     if previous.get("phase") != status.get("phase"):
         kind = "Warning" if status["phase"] == "Degraded" else "Normal"
         ready = _condition(status, "Ready")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from .crd_schema import spec_schema, validate_spec, with_defaults
+from .errors import InvalidSpec
+
+Placement = Literal["dedicated", "maintenance", "live"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,27 +67,74 @@ class Runtime:
 
 
 @dataclass(frozen=True, slots=True)
+class Gate:
+    """Thresholds a new configuration must meet against its baseline."""
+
+    concurrencies: tuple[int, ...]
+    max_throughput_loss_percent: float
+    max_first_audio_p95_rise_percent: float
+    max_wer_percent: float
+    max_wer_increase_points: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobPolicy:
+    active_deadline_seconds: int
+    backoff_limit: int
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Perf:
+    """spec.perf: where and how the benchmark Jobs run, and the gate they feed."""
+
+    enabled: bool
+    placement: Placement
+    concurrencies: tuple[int, ...]
+    headline_concurrency: int
+    dataset_claim: str | None
+    dataset_path: str
+    asr_model_claim: str | None
+    asr_model_path: str
+    rescore_model_path: str | None
+    artifacts_claim: str | None
+    image: str | None
+    history_limit: int
+    rollback: bool
+    job: JobPolicy
+    gate: Gate
+
+    @property
+    def highest_gated_concurrency(self) -> int:
+        return max(self.gate.concurrencies)
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechSpec:
     replicas: int
     model: ModelSource
     profile: ProfileRef
     profile_overrides: Mapping[str, Any]
     runtime: Runtime
-    perf: Mapping[str, Any] = field(default_factory=dict)
+    perf: Perf
+    raw: Mapping[str, Any]  # the defaulted spec, kept so a last good config can be rebuilt
 
 
 def parse_spec(raw: Any) -> SpeechSpec:
     """Default and validate a manifest's ``spec``; raises InvalidSpec naming the field."""
     spec = with_defaults(spec_schema(), raw if raw is not None else {})
     validate_spec(spec)
-    return SpeechSpec(
+    parsed = SpeechSpec(
         replicas=spec["replicas"],
         model=_model(spec["model"]),
         profile=_profile(spec["profile"]),
         profile_overrides=spec.get("profileOverrides", {}),
         runtime=_runtime(spec["runtime"]),
-        perf=spec["perf"],
+        perf=_perf(spec["perf"]),
+        raw=spec,
     )
+    check_perf(parsed)
+    return parsed
 
 
 def _model(model: Mapping[str, Any]) -> ModelSource:
@@ -128,3 +178,82 @@ def _runtime(runtime: Mapping[str, Any]) -> Runtime:
         node_selector=runtime.get("nodeSelector", {}),
         tolerations=tuple(runtime.get("tolerations", ())),
     )
+
+
+def _perf(perf: Mapping[str, Any]) -> Perf:
+    gate, job = perf["gate"], perf["job"]
+    return Perf(
+        enabled=perf["enabled"],
+        placement=perf["placement"],
+        concurrencies=tuple(perf["concurrencies"]),
+        headline_concurrency=perf["headlineConcurrency"],
+        dataset_claim=perf.get("datasetClaim"),
+        dataset_path=perf["datasetPath"],
+        asr_model_claim=perf.get("asrModelClaim"),
+        asr_model_path=perf["asrModelPath"],
+        rescore_model_path=perf.get("rescoreModelPath"),
+        artifacts_claim=perf.get("artifactsClaim"),
+        image=perf.get("image"),
+        history_limit=perf["historyLimit"],
+        rollback=perf["rollback"],
+        job=JobPolicy(job["activeDeadlineSeconds"], job["backoffLimit"], job["maxAttempts"]),
+        gate=Gate(
+            # Without a choice, the gate watches the concurrency the table shows.
+            concurrencies=tuple(gate.get("concurrencies") or [perf["headlineConcurrency"]]),
+            max_throughput_loss_percent=float(gate["maxThroughputLossPercent"]),
+            max_first_audio_p95_rise_percent=float(gate["maxFirstAudioP95RisePercent"]),
+            max_wer_percent=float(gate["maxWerPercent"]),
+            max_wer_increase_points=float(gate["maxWerIncreasePoints"]),
+        ),
+    )
+
+
+def check_perf(spec: SpeechSpec) -> None:
+    """What the schema cannot say: choices that must agree with each other.
+
+    Checked even while perf is disabled, so enabling it later cannot turn a
+    long-accepted spec into a refused one, except for the volumes it then needs.
+    """
+    perf = spec.perf
+    _unique("spec.perf.concurrencies", perf.concurrencies)
+    _unique("spec.perf.gate.concurrencies", perf.gate.concurrencies)
+    if perf.headline_concurrency not in perf.concurrencies:
+        raise InvalidSpec(
+            "spec.perf.headlineConcurrency",
+            f"{perf.headline_concurrency} is not among spec.perf.concurrencies "
+            f"{list(perf.concurrencies)}",
+            "Add it to spec.perf.concurrencies or pick one of them",
+        )
+    for i, c in enumerate(perf.gate.concurrencies):
+        if c not in perf.concurrencies:
+            raise InvalidSpec(
+                f"spec.perf.gate.concurrencies[{i}]",
+                f"{c} is not measured: spec.perf.concurrencies is {list(perf.concurrencies)}",
+                "Gate only concurrencies the sweep runs, or add it to spec.perf.concurrencies",
+            )
+    if not perf.enabled:
+        return
+    for field, value, what in (
+        ("datasetClaim", perf.dataset_claim, "the prepared Seed-TTS English subset"),
+        ("asrModelClaim", perf.asr_model_claim, "openai/whisper-large-v3"),
+    ):
+        if value is None:
+            raise InvalidSpec(
+                f"spec.perf.{field}",
+                "is required when spec.perf.enabled is true",
+                f"Name the PersistentVolumeClaim holding {what}, or set spec.perf.enabled false",
+            )
+    if perf.placement == "live" and spec.replicas == 0:
+        raise InvalidSpec(
+            "spec.perf.placement",
+            "live measures the serving Service, but spec.replicas is 0",
+            "Serve at least one replica, or use placement dedicated or maintenance",
+        )
+
+
+def _unique(field: str, values: tuple[int, ...]) -> None:
+    seen: set[int] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            raise InvalidSpec(f"{field}[{i}]", f"{value} is listed twice", "List each once")
+        seen.add(value)

@@ -14,9 +14,29 @@ READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 @dataclass(frozen=True, slots=True)
 class Condition:
     type: str
-    status: bool
+    status: bool | None  # None: Unknown, e.g. a gate whose numbers are not in yet
     reason: str
     message: str
+
+    @property
+    def rendered_status(self) -> str:
+        return {True: "True", False: "False", None: "Unknown"}[self.status]
+
+
+def condition_from(raw: Mapping[str, Any]) -> Condition:
+    status = {"True": True, "False": False}.get(raw.get("status", ""))
+    return Condition(raw["type"], status, raw.get("reason", ""), raw.get("message", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class PerfView:
+    """What the benchmark adds to the status: status.perf, its conditions, and a failed
+    gate (a problem the user must look at, so it degrades the resource)."""
+
+    status: Mapping[str, Any] | None
+    conditions: tuple[Condition, ...] = ()
+    gate_problem: Condition | None = None
+    maintenance: str | None = None  # why serving is scaled to zero, while it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +93,23 @@ def _deadline_exceeded(status: Mapping[str, Any]) -> bool:
     )
 
 
-def degraded_condition(invalid: InvalidSpec | None, rollout: list[Condition]) -> Condition:
+def degraded_condition(invalid: InvalidSpec | None, rollout: list[Condition],
+                       gate_problem: Condition | None = None) -> Condition:
     if invalid is not None:
         return Condition(DEGRADED, True, invalid.reason, str(invalid))
     stuck = next((c for c in rollout if c.reason == "RolloutStuck"), None)
     if stuck is not None:
         return Condition(DEGRADED, True, stuck.reason, stuck.message)
+    if gate_problem is not None:
+        return gate_problem
     return Condition(DEGRADED, False, "AsExpected", "No problem found")
+
+
+def maintenance_conditions(message: str) -> list[Condition]:
+    return [
+        Condition(READY, False, "BenchmarkMaintenance", message),
+        Condition(PROGRESSING, True, "BenchmarkMaintenance", message),
+    ]
 
 
 def phase_of(conditions: list[Condition]) -> str:
@@ -102,20 +132,27 @@ def build_status(
     invalid: InvalidSpec | None,
     previous: Mapping[str, Any],
     now: str,
+    perf: PerfView | None = None,
 ) -> dict[str, Any]:
+    perf = perf or PerfView(None)
     rollout = rollout_conditions(deployment, replicas)
+    if perf.maintenance is not None:
+        rollout = maintenance_conditions(perf.maintenance)
     if invalid is not None:
         # A refused spec changes nothing that runs; the rollout is not progressing.
         rollout = [c if c.type != PROGRESSING else
                    Condition(PROGRESSING, False, invalid.reason, "The new spec was refused")
                    for c in rollout]
-    conditions = [*rollout, degraded_condition(invalid, rollout)]
+    conditions = [*rollout, degraded_condition(invalid, rollout, perf.gate_problem)]
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": phase_of(conditions),
         "replicas": replicas,
         "readyReplicas": ((deployment or {}).get("status") or {}).get("readyReplicas", 0),
-        "conditions": _with_transition_times(conditions, previous, generation, now),
+        "conditions": _with_transition_times(
+            [*conditions, *perf.conditions], previous, generation, now),
+        # null removes a stale status.perf (merge patch) once perf is off.
+        "perf": dict(perf.status) if perf.status is not None else None,
     }
     if served is not None:
         status |= {
@@ -133,7 +170,7 @@ def _with_transition_times(
     before = {c.get("type"): c for c in previous.get("conditions") or []}
     rendered = []
     for condition in conditions:
-        status = "True" if condition.status else "False"
+        status = condition.rendered_status
         old = before.get(condition.type, {})
         since = old.get("lastTransitionTime") if old.get("status") == status else None
         rendered.append({

@@ -29,6 +29,8 @@ WATCHED_NAMESPACE: set[Permission] = {
     *(("apps", "deployments", verb, None) for verb in ("get", "list", "watch", "create", "patch")),
     ("", "secrets", "get", None),
     ("", "events", "create", None),
+    *(("batch", "jobs", verb, None) for verb in ("get", "list", "watch", "create", "delete")),
+    ("", "pods", "list", None),
 }
 # Leader election, in the release namespace only.
 LEADER_ELECTION: set[Permission] = {
@@ -81,14 +83,21 @@ def test_rbac_create_false_grants_nothing() -> None:
     assert rendered_rules({"rbac": {"create": False}}) == []
 
 
+# The only deletion: benchmark Jobs the operator created (superseded, or beyond the history).
+DELETABLE = {("batch", "jobs")}
+
+
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_nothing_destructive_or_broad_is_ever_granted(value_set: str) -> None:
     for rule in rendered_rules(VALUE_SETS[value_set]):
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], rule
-        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
+        assert not {"deletecollection", "escalate", "bind", "impersonate"} & set(
             rule["verbs"]
         ), rule
+        if "delete" in rule["verbs"]:
+            targets = {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
+            assert targets <= DELETABLE, rule
 
 
 def test_namespaced_mode_allows_nothing_outside_the_watched_namespaces() -> None:
@@ -114,6 +123,9 @@ def test_is_allowed_matches_like_the_rbac_authorizer() -> None:
     assert not is_allowed(rules, "list", "", "secrets")
     assert not is_allowed(rules, "watch", "", "secrets")
     assert not is_allowed(rules, "delete", "apps", "deployments")
+    assert not is_allowed(rules, "delete", "", "configmaps")
+    assert not is_allowed(rules, "get", "", "pods")
+    assert is_allowed(rules, "delete", "batch", "jobs")
     assert not is_allowed(rules, "create", "events.k8s.io", "events")
     assert not is_allowed(rules, "list", "", "namespaces")
     assert is_allowed(rules, "get", "coordination.k8s.io", "leases", name=LEASE)

@@ -20,7 +20,8 @@ def test_example_gets_the_schema_defaults() -> None:
     assert spec.runtime.graph_precapture
     assert spec.model.hub_revision == REVISION
     assert spec.model.served_model_name == "openbmb/MiniCPM-o-4_5"
-    assert spec.perf["enabled"] is False
+    assert spec.perf.enabled is False
+    assert spec.perf.gate.concurrencies == (8,)  # the headline concurrency, when not chosen
 
 
 def test_claim_source_defaults_served_name_to_its_path() -> None:
@@ -52,6 +53,23 @@ def test_claim_source_defaults_served_name_to_its_path() -> None:
         ({"model": {"pvc": {"claimName": "w", "path": "../etc"}}}, "spec.model.pvc.path",
          "wrong format"),
         ({**claim_spec(), "perf": {"placement": "cloud"}}, "spec.perf.placement", "not allowed"),
+        ({**claim_spec(), "perf": {"enabled": True, "asrModelClaim": "asr"}},
+         "spec.perf.datasetClaim", "is required when spec.perf.enabled"),
+        ({**claim_spec(), "perf": {"enabled": True, "datasetClaim": "data"}},
+         "spec.perf.asrModelClaim", "is required when spec.perf.enabled"),
+        ({**claim_spec(), "perf": {"concurrencies": [1, 2], "headlineConcurrency": 8}},
+         "spec.perf.headlineConcurrency", "not among"),
+        ({**claim_spec(), "perf": {"concurrencies": [1, 8], "gate": {"concurrencies": [8, 32]}}},
+         "spec.perf.gate.concurrencies[1]", "not measured"),
+        ({**claim_spec(), "perf": {"concurrencies": [8, 8]}}, "spec.perf.concurrencies[1]",
+         "listed twice"),
+        ({**claim_spec(), "replicas": 0, "perf": {"enabled": True, "placement": "live",
+                                                 "datasetClaim": "d", "asrModelClaim": "a"}},
+         "spec.perf.placement", "spec.replicas is 0"),
+        ({**claim_spec(), "perf": {"gate": {"maxWerPercent": -1}}},
+         "spec.perf.gate.maxWerPercent", "out of range"),
+        ({**claim_spec(), "perf": {"job": {"maxAttempts": 9}}}, "spec.perf.job.maxAttempts",
+         "out of range"),
     ],
 )
 def test_bad_manifests_name_the_field_and_the_fix(spec: dict[str, Any], field: str,

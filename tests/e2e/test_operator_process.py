@@ -25,6 +25,7 @@ from tests.chart.rendering import operator_container, render_objects
 from tests.harness.cluster import Cluster
 
 from .journey import NAME, children, create_and_settle, example_spec, mark_rolled_out, settled
+from .perf_journey import finish, job_of, jobs, perf_spec, perf_status, sweep_result
 
 MODES = {"namespaced": {}, "cluster-wide": {"watch": {"clusterWide": True}}}
 OPERATOR_METRICS = {
@@ -95,8 +96,22 @@ async def run_journey(cluster: Cluster) -> None:
                            and children(cluster)["deployment"]["spec"]["replicas"] == 1
                            and children(cluster)["service"]["spec"]["ports"],
                            message="drift repaired")
+    await run_benchmarks(cluster)
     cluster.api.delete_speech(NAME)
     await cluster.wait_for(lambda: not any(children(cluster).values()), timeout=30)
+
+
+async def run_benchmarks(cluster: Cluster) -> None:
+    """Jobs for a hash, a finished one read from its pod, running ones superseded."""
+    cluster.api.patch_speech(NAME, {"spec": {"perf": perf_spec(historyLimit=1)["perf"]}})
+    config_hash = (await cluster.wait_for(settled(cluster)))["status"]["configHash"]
+    sweep = await cluster.wait_for(lambda: job_of(cluster, "sweep", config_hash), timeout=30)
+    finish(cluster, sweep, sweep_result(config_hash, {1: 8.0, 8: 24.0}))
+    await cluster.wait_for(lambda: perf_status(cluster).get("sweep", {}).get("state")
+                           == "Succeeded", timeout=30, message="the sweep result is read")
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "high-concurrency"}}})
+    await cluster.wait_for(lambda: jobs(cluster, config_hash) == [], timeout=30,
+                           message="superseded and pruned")
 
 
 @pytest.mark.parametrize("operator_process", sorted(MODES), indirect=True)

@@ -93,7 +93,8 @@ What the operator does inside a watched namespace: one list, rendered into a Rol
 namespace (namespaced mode) or into the ClusterRole (cluster-wide mode). Each rule is
 a Kubernetes API request the operator makes; tests/chart/test_rbac.py pins this list.
 Children are never deleted by the operator: ownerReferences let the garbage collector
-remove them with their MiniCPMSpeech.
+remove them with their MiniCPMSpeech. The one exception is a benchmark Job the operator
+created, deleted when superseded or beyond the history limit.
 */}}
 {{- define "minicpm-speech-operator.watchedNamespaceRules" -}}
 # Kopf lists and watches the resources and patches its finalizer and annotations; the
@@ -120,5 +121,15 @@ remove them with their MiniCPMSpeech.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Benchmark Jobs (batch/v1 jobs) get their rule here once the operator creates them.
+# Benchmark Jobs: looked up by name before creating (never a duplicate), listed and
+# watched to follow them, and deleted when a newer config supersedes them or the history
+# limit drops them; their pods and config ConfigMaps go with them (owner references).
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# A finished Job's pod is listed by its job-name label to read the termination message,
+# which carries the result: the Job itself needs no API rights.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
 {{- end }}
