@@ -146,6 +146,19 @@ def _arm(name: str, arm: Arm, candidate: SpeechSpec, file: str) -> dict[str, Any
     return {"name": name, "command": command, "env": env}
 
 
+def _server_settings(spec: SpeechSpec, live: bool) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "port": spec.runtime.port,
+        "ready_path": "/health",
+        "ready_timeout_s": spec.runtime.startup_timeout_seconds,
+    }
+    if not live:
+        # A fresh server counts as ready when its supervisor says so: warm-up and graph
+        # precapture done, exactly as for a serving pod. (Live: the Service's pods are.)
+        settings |= {"ready_port": spec.runtime.health_port, "ready_path": "/readyz"}
+    return settings
+
+
 def program_config(owner: Owner, request: JobRequest, name: str) -> dict[str, Any]:
     """The `perf-jobs` config file (perf-jobs/examples/*.yaml) of one Job."""
     spec = request.candidate.spec
@@ -169,11 +182,7 @@ def program_config(owner: Owner, request: JobRequest, name: str) -> dict[str, An
         "artifacts_dir": f"{ARTIFACTS_DIR}/{name}",
         "termination_log": TERMINATION_LOG,
         "client": client,
-        "server": {
-            "port": spec.runtime.port,
-            "ready_path": "/health",
-            "ready_timeout_s": spec.runtime.startup_timeout_seconds,
-        },
+        "server": _server_settings(spec, live),
         "arms": arms,
     }
     if request.kind == "sweep":

@@ -91,6 +91,9 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8091
     ready_path: str = "/health"
+    # The serving supervisor reports ready (warm-up and graph precapture done) on its own
+    # health port, after the API port already answers; None checks the API port.
+    ready_port: int | None = None
     ready_timeout_s: float = 1800.0
     stop_grace_s: float = 60.0
     poll_s: float = 2.0
@@ -101,7 +104,7 @@ class ServerSettings:
 
     @property
     def ready_url(self) -> str:
-        return self.base_url + self.ready_path
+        return f"http://{self.host}:{self.ready_port or self.port}{self.ready_path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,7 @@ def _server(s: _Section) -> ServerSettings:
         host=s.string("host", "127.0.0.1"),
         port=s.integer("port", 8091, lo=1, hi=65535),
         ready_path=ready_path,
+        ready_port=s.integer("ready_port", 0, lo=0, hi=65535) or None,
         ready_timeout_s=s.number("ready_timeout_s", 1800.0),
         stop_grace_s=s.number("stop_grace_s", 60.0),
         poll_s=s.number("poll_s", 2.0),

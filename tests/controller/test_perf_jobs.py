@@ -71,6 +71,9 @@ def test_abba_arms_run_the_serving_command_with_each_arms_config() -> None:
     assert a["command"][-len(vllm_serve_command(spec)):][:8] == [
         *vllm_serve_command(spec, "/etc/perf/baseline.yaml")][:8]
     assert b["env"]["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    # Measured only once the supervisor reports warm-up and graph precapture done.
+    assert config["server"]["ready_port"] == spec.runtime.health_port
+    assert config["server"]["ready_path"] == "/readyz"
     data = build_job_configmap(owner, req, "uid")["data"]
     assert req.baseline is not None
     assert data["baseline.yaml"] == req.baseline.cfg.deploy_config
@@ -117,6 +120,7 @@ def test_live_mode_starts_no_server_and_takes_no_gpu() -> None:
     config = program_config(owner, req, "x")
     assert config["arms"] == [{"name": "live"}]
     assert config["client"]["base_url"] == "http://speech.voices.svc:8091"
+    assert "ready_port" not in config["server"]  # the Service's pods are ready already
     job = build_job(owner, req)
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in container["resources"].get("limits", {})

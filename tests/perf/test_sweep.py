@@ -392,3 +392,12 @@ def processes_mentioning(text: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_ready_port_points_the_readiness_check_at_the_supervisor() -> None:
+    from minicpm_speech_perf.config import ServerSettings
+
+    server = ServerSettings(port=8091, ready_port=9400, ready_path="/readyz")
+    assert server.ready_url == "http://127.0.0.1:9400/readyz"
+    assert server.base_url == "http://127.0.0.1:8091"
+    assert ServerSettings(port=8091).ready_url == "http://127.0.0.1:8091/health"
