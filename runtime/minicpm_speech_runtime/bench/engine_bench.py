@@ -1,0 +1,397 @@
+"""Batched Code2Wav engine vs the reference's per-stream streaming, closed loop, one device.
+
+Stages, each recorded in the JSON (a failing stage is recorded and the rest still run):
+
+* ``parity``: engine vs ``Token2wav.stream`` (driven per stream, own cache buffers), fp32 with
+  TF32 off, HiFT's random NSF draws fixed to zero on both sides; mixed voices/lengths, a stream
+  past the history window, streams joining mid-flight. Max abs PCM difference per stream.
+* ``matmul_peak``: TF32 and fp32 4096^3 matmul rate, the roofline's ceiling.
+* ``engine``: for each C, C streams, each with its own voice (3-10 s random-waveform reference,
+  prepared before the loop: preparation is part 1's), 250 tokens pushed 25 per step; a finished
+  stream is replaced at once. Audio-s/s over the window, first audio (add_stream -> first PCM),
+  chunk latency (push -> PCM), peak memory, DiT FLOP rate vs the matmul peak.
+* ``reference``: the same closed loop through the reference, one stream's chunk at a time.
+
+Usage::
+
+    python -m minicpm_speech_runtime.bench.engine_bench --generate real \
+        --campplus-onnx .bench-assets/campplus.onnx --git-rev "$(git rev-parse HEAD)" \
+        --json runtime/bench-results/engine-h200.json --png runtime/bench-results/engine-h200.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..assets import Code2WavModels, load_code2wav
+from ..checkpoint import REAL, TINY, write_random_checkpoint
+from ..engine import Code2WavEngine, EngineConfig
+from .parity import drain, fixed_nsf_noise, make_voices, max_diff, reference_chunks, utterance
+from .reference_driver import ReferenceDriver
+
+SR = 24000
+UTT_TOKENS, PIECE = 250, 25
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _reset_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib() -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def parity(models: Code2WavModels, voices: list[Any]) -> dict[str, Any]:
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    plan = [("a", 0, 260, 0), ("b", 1, 77, 0), ("c", 2, 130, 1), ("d", 0, 53, 2)]
+    with fixed_nsf_noise():
+        driver = ReferenceDriver(models)
+        want = {
+            s: reference_chunks(driver, s, voices[v], utterance(n, i))
+            for i, (s, v, n, _) in enumerate(plan)
+        }
+        del driver
+        eng = Code2WavEngine(models, EngineConfig(max_streams=4, micro_batch=4, tf32=False))
+        got: dict[Any, list[np.ndarray]] = {}
+        reasons: dict[Any, str] = {}
+        for step in drain(eng, got, reasons, min_steps=3):
+            for i, (s, v, n, at) in enumerate(plan):
+                if at == step:
+                    eng.add_stream(s, voices[v])
+                    eng.push_tokens(s, utterance(n, i), last=True)
+    diffs = {s: max_diff(want[s], got[s]) for s, *_ in plan}
+    return {
+        "max_abs_diff": diffs,
+        "worst": max(diffs.values()),
+        "pass_1e-4": max(diffs.values()) <= 1e-4,
+    }
+
+
+def matmul_peak() -> dict[str, float]:
+    out = {}
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
+    for name, tf32 in (("tf32", True), ("fp32", False)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for _ in range(3):
+            a @ b
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            a @ b
+        _sync()
+        out[f"{name}_tflops"] = 20 * 2 * 4096**3 / (time.perf_counter() - t0) / 1e12
+    return out
+
+
+def dit_flops_per_chunk(models: Code2WavModels, frames: int, keys: int) -> float:
+    """DiT FLOPs of one stream's chunk: 10 steps x 2 CFG rows x (linear layers + attention)."""
+    est = models.flow.decoder.estimator
+    lin = sum(m.weight.numel() for m in est.modules() if isinstance(m, torch.nn.Linear))
+    blk = est.blocks[0]
+    conv = 2 * blk.conv.block[1].weight.numel()
+    attn = 4 * blk.attn.num_heads * blk.attn.head_dim * keys * len(est.blocks)
+    return 10 * 2 * frames * (2 * (lin + conv * len(est.blocks)) + attn)
+
+
+class Loop:
+    """The closed-loop client: C live streams, each 250 tokens pushed 25 per step."""
+
+    def __init__(self, voices: list[Any], conc: int) -> None:
+        self.voices, self.conc, self.next = voices, conc, 0
+        self.sent: dict[int, int] = {}
+        self.start: dict[int, float] = {}
+        self.pushed: dict[int, float] = {}
+        self.first: list[float] = []
+        self.chunk: list[float] = []
+        self.samples = 0
+
+    def new_stream(self) -> tuple[int, Any]:
+        sid = self.next
+        self.next += 1
+        self.sent[sid], self.start[sid] = 0, time.perf_counter()
+        return sid, self.voices[sid % len(self.voices)]
+
+    def piece(self, sid: int) -> tuple[list[int], bool]:
+        toks = utterance(UTT_TOKENS, sid)[self.sent[sid] : self.sent[sid] + PIECE]
+        self.sent[sid] += len(toks)
+        self.pushed[sid] = time.perf_counter()
+        return toks, self.sent[sid] >= UTT_TOKENS
+
+    def got(self, sid: int, samples: int) -> None:
+        now = time.perf_counter()
+        if sid in self.start:
+            self.first.append(now - self.start.pop(sid))
+        self.chunk.append(now - self.pushed[sid])
+        self.samples += samples
+
+    def summary(self, wall: float) -> dict[str, Any]:
+        return {
+            "audio_s_per_s": self.samples / SR / wall,
+            "first_audio_p50_ms": _ms(_pct(self.first, 50)),
+            "first_audio_p95_ms": _ms(_pct(self.first, 95)),
+            "chunk_p50_ms": _ms(_pct(self.chunk, 50)),
+            "chunk_p95_ms": _ms(_pct(self.chunk, 95)),
+            "streams_started": self.next,
+            "first_audio_samples": len(self.first),
+            "window_s": wall,
+        }
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
+
+
+def run_engine(
+    models: Code2WavModels, voices: list[Any], conc: int, window: float, peak: float
+) -> dict[str, Any]:
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    eng = Code2WavEngine(models, EngineConfig(max_streams=conc, micro_batch=min(8, conc)))
+    warm = Loop(voices, conc)
+    _engine_loop(eng, warm, 2.0, conc)  # warm-up: allocator, cuDNN/cuBLAS heuristics
+    _reset_peak()
+    loop = Loop(voices, conc)
+    loop.next = 10_000
+    t0 = time.perf_counter()
+    chunks0 = eng.counters.chunks
+    _engine_loop(eng, loop, window, conc)
+    wall = time.perf_counter() - t0
+    res = loop.summary(wall)
+    chunks = eng.counters.chunks - chunks0
+    flops = chunks * dit_flops_per_chunk(models, 50, models_prompt_keys(voices))
+    res.update(
+        peak_mem_gib=_peak_gib(),
+        estimator_cache_gib=eng.runner.estimator.nbytes / 2**30,
+        dit_tflops=flops / wall / 1e12,
+        dit_roofline_fraction=flops / wall / 1e12 / peak,
+        slot_moves=eng.runner.slot_moves,
+        cuda_graph_captures_after_warmup=0,
+        cuda_graphs="not implemented: eager",
+    )
+    eng.runner.profile = True
+    _engine_loop(eng, Loop(voices, conc), 3.0, conc)
+    res["phase_s_profiled_3s"] = dict(eng.runner.phase_s)
+    del eng
+    return res
+
+
+def models_prompt_keys(voices: list[Any]) -> int:
+    return int(np.mean([v.prompt_mels.shape[1] for v in voices])) + 100 + 50
+
+
+def _engine_loop(eng: Code2WavEngine, loop: Loop, window: float, conc: int) -> None:
+    end = time.perf_counter() + window
+    live: set[int] = set()
+    while time.perf_counter() < end:
+        while len(live) < conc:
+            sid, voice = loop.new_stream()
+            eng.add_stream(sid, voice)
+            live.add(sid)
+        for sid in live:
+            toks, last = loop.piece(sid)
+            if toks or last:
+                eng.push_tokens(sid, toks, last)
+        for o in eng.step():
+            if o.pcm.numel():
+                loop.got(o.stream_id, o.pcm.numel())
+            if o.finished:
+                live.discard(o.stream_id)
+    for sid in list(live):
+        eng.cancel(sid)
+    eng.step()
+
+
+def run_reference(
+    models: Code2WavModels, voices: list[Any], conc: int, window: float
+) -> dict[str, Any]:
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    _reset_peak()
+    driver = ReferenceDriver(models, steps_buffered=10)
+    loop = Loop(voices, conc)
+    live: dict[int, list[int]] = {}
+    t0 = time.perf_counter()
+    end = t0 + window
+    while time.perf_counter() < end:
+        while len(live) < conc:
+            sid, voice = loop.new_stream()
+            driver.add(sid, voice)  # the reference's setup when the stream's chunk 0 comes
+            live[sid] = []
+        for sid in list(live):  # one stream's chunk at a time, round robin
+            if time.perf_counter() >= end:
+                break
+            _ref_chunk(driver, loop, live, sid)
+    wall = time.perf_counter() - t0
+    res = loop.summary(wall)
+    res["peak_mem_gib"] = _peak_gib()
+    del driver
+    return res
+
+
+def _ref_chunk(driver: ReferenceDriver, loop: Loop, live: dict[int, list[int]], sid: int) -> None:
+    buf = live[sid]
+    toks, last = loop.piece(sid)
+    buf.extend(toks)
+    if len(buf) >= 28 and not last:
+        wav = driver.stream(sid, buf[:28], False)
+        del buf[:25]
+    elif last:
+        while len(buf) >= 28:
+            loop.got(sid, driver.stream(sid, buf[:28], False).shape[0])
+            del buf[:25]
+        wav = driver.stream(sid, buf, True)
+        live.pop(sid)
+        driver.remove(sid)
+    else:
+        return
+    _sync()
+    loop.got(sid, wav.shape[0])
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for name in ("engine", "reference"):
+        rows = results.get(name, {})
+        cs = sorted(
+            int(c) for c in rows if isinstance(rows[c], dict) and "audio_s_per_s" in rows[c]
+        )
+        ax[0].plot(cs, [rows[str(c)]["audio_s_per_s"] for c in cs], "o-", label=name)
+        ax[1].plot(cs, [rows[str(c)]["first_audio_p95_ms"] or np.nan for c in cs], "o-", label=name)
+    for a, title in zip(ax, ("audio-s per s", "first audio p95 (ms)"), strict=True):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("concurrent streams (distinct voices)")
+        a.set_title(title)
+        a.legend()
+    fig.suptitle(f"Code2Wav engine vs reference, {results.get('device')}, {results.get('date')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="batched Code2Wav engine benchmark")
+    p.add_argument("--checkpoint", type=Path)
+    p.add_argument("--generate", choices=["tiny", "real"])
+    p.add_argument("--campplus-onnx", type=Path)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/engine-bench"))
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--png", type=Path)
+    p.add_argument("--git-rev", default="unknown")
+    p.add_argument("--conc", default="1,2,4,8,16,32,64")
+    p.add_argument("--ref-conc", default="1,8,32")
+    p.add_argument("--window", type=float, default=8.0)
+    p.add_argument("--ref-window", type=float, default=12.0)
+    p.add_argument("--voices", type=int, default=16)
+    a = p.parse_args()
+    res: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_revision": a.git_rev,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else platform.processor(),
+        "command": "python -m minicpm_speech_runtime.bench.engine_bench "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None),
+    }
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    folder = a.checkpoint
+    if a.generate:
+        folder = write_random_checkpoint(
+            a.workdir / "ckpt", REAL if a.generate == "real" else TINY, 0, a.campplus_onnx
+        )
+    models = load_code2wav(folder, dev)
+    rng = np.random.default_rng(0)
+    voices = make_voices(models, [float(s) for s in rng.uniform(3.0, 10.0, a.voices)])
+    res["voice_prompt_frames"] = [int(v.prompt_mels.shape[1]) for v in voices]
+    _stage(res, "parity", lambda: parity(models, voices[:3]))
+    _stage(res, "matmul_peak", matmul_peak)
+    peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
+    res["engine"], res["reference"] = {}, {}
+    for c in [int(x) for x in a.conc.split(",")]:
+        _stage(res["engine"], str(c), lambda c=c: run_engine(models, voices, c, a.window, peak))
+        _save(res, a.json)
+    for c in [int(x) for x in a.ref_conc.split(",")]:
+        _stage(res["reference"], str(c), lambda c=c: run_reference(models, voices, c, a.ref_window))
+        _save(res, a.json)
+    res["ratio_audio_s_per_s"] = {
+        c: res["engine"][c]["audio_s_per_s"] / r["audio_s_per_s"]
+        for c, r in res["reference"].items()
+        if "audio_s_per_s" in r
+        and "audio_s_per_s" in res["engine"].get(c, {})
+        and r["audio_s_per_s"] > 0
+    }
+    _save(res, a.json)
+    if a.png:
+        _stage(res, "plot", lambda: plot(res, a.png) or {})
+    _table(res)
+
+
+def _stage(res: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    t0 = time.perf_counter()
+    try:
+        res[name] = fn()
+    except Exception as exc:  # recorded; the other stages still run
+        res[name] = {"error": repr(exc), "trace": traceback.format_exc()[-2000:]}
+    if isinstance(res[name], dict):
+        res[name]["stage_s"] = time.perf_counter() - t0
+    print(f"[{name}] {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+def _save(res: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2, default=str))
+
+
+def _table(res: dict[str, Any]) -> None:
+    print(json.dumps(res.get("parity"), default=str))
+    print(json.dumps(res.get("matmul_peak"), default=str))
+    keys = (
+        "audio_s_per_s",
+        "first_audio_p50_ms",
+        "first_audio_p95_ms",
+        "chunk_p50_ms",
+        "chunk_p95_ms",
+        "peak_mem_gib",
+    )
+    print(f"{'who':<10}{'C':>4} " + " ".join(f"{k:>20}" for k in keys))
+    for who in ("engine", "reference"):
+        for c, r in res.get(who, {}).items():
+            if isinstance(r, dict) and "error" not in r:
+                print(f"{who:<10}{c:>4} " + " ".join(f"{_fmt(r.get(k)):>20}" for k in keys))
+            elif isinstance(r, dict):
+                print(f"{who:<10}{c:>4} ERROR {r['error'][:200]}")
+    print("ratio", json.dumps(res.get("ratio_audio_s_per_s"), default=str))
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Engine configuration: one slotted, validated dataclass (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CODEBOOK_SIZE = 6561  # speech token ids 0..6560; 6561 is the Talker's EOS and never a token here
+CHUNK_TOKENS = 25  # tokens consumed per chunk (1 s of audio at 25 Hz)
+LOOKAHEAD_TOKENS = 3  # the encoder's pre-lookahead; kept in the buffer until the last chunk
+PROMPT_PAD_TOKEN = 4218  # the reference pads the prompt's lookahead with this (silence) token
+HISTORY_FRAMES = 100  # the reference keeps prompt + 100 frames of estimator/encoder history
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """What the engine is sized and switched by.
+
+    ``max_streams`` slots are preallocated; ``max_prompt_frames`` bounds a voice's 50 Hz prompt
+    mel (2 per prompt token; 500 = a 10 s reference). ``micro_batch`` bounds one cold-setup group.
+    """
+
+    max_streams: int = 8
+    max_prompt_frames: int = 500
+    micro_batch: int = 8
+    n_timesteps: int = 10
+    tf32: bool = True
+    cuda_graphs: bool = True
+    precapture: bool = True
+    graph_budget: int = 64
+    idle_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_streams < 1:
+            raise ValueError("max_streams must be >= 1")
+        if self.max_prompt_frames < 2 or self.max_prompt_frames % 2:
+            raise ValueError("max_prompt_frames must be an even number >= 2")
+        if not 1 <= self.micro_batch <= self.max_streams:
+            raise ValueError("micro_batch must be in 1..max_streams")
+        if self.n_timesteps < 1:
+            raise ValueError("n_timesteps must be >= 1")
+        if self.graph_budget < 0:
+            raise ValueError("graph_budget must be >= 0")
+        if self.idle_timeout_s <= 0:
+            raise ValueError("idle_timeout_s must be > 0")
+
+    @property
+    def max_chunk_frames(self) -> int:
+        """Frames of the largest chunk: a last chunk of 25 + 3 tokens, 2 frames each."""
+        return 2 * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)
+
+    @property
+    def cache_frames(self) -> int:
+        """Physical estimator-cache positions per slot: history, one chunk, one trash frame."""
+        return self.max_prompt_frames + HISTORY_FRAMES + self.max_chunk_frames + 1

@@ -1,0 +1,137 @@
+"""The engine step: plan on the host, set up new voices, decode one batched chunk, emit PCM."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..assets import Code2WavModels
+from .config import EngineConfig
+from .runner import Runner
+from .scheduler import Scheduler
+from .state import EndReason, Phase, StreamState
+
+
+@dataclass(slots=True)
+class ChunkOut:
+    """One step's result for one stream; ``pcm`` is float32 24 kHz mono on the CPU."""
+
+    stream_id: Any
+    pcm: torch.Tensor
+    finished: bool
+    reason: str | None = None  # set when finished: "done" or why the stream ended early
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    steps: int = 0
+    chunks: int = 0
+    setups: int = 0
+    setup_groups: int = 0
+    audio_samples: int = 0
+    ended: Counter[str] = field(default_factory=Counter)
+
+
+class Code2WavEngine:
+    def __init__(
+        self,
+        models: Code2WavModels,
+        config: EngineConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.clock = clock
+        self.scheduler = Scheduler(self.config)
+        self.runner = Runner(models, self.config)
+        self.counters = EngineCounters()
+        self._lock = threading.Lock()
+        self._order = 0
+        if models.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.config.tf32
+            torch.backends.cudnn.allow_tf32 = self.config.tf32
+
+    # public API
+    def add_stream(self, stream_id: Any, voice: Any) -> None:
+        """Start a stream with a prepared voice (:class:`~..device.PreparedVoice`)."""
+        frames = int(voice.prompt_mels.shape[1])
+        if frames > self.config.max_prompt_frames:
+            raise ValueError(f"prompt of {frames} frames > max_prompt_frames")
+        with self._lock:
+            s = StreamState(stream_id, voice, voice.key, frames, self._order, self.clock())
+            self.scheduler.add(s)
+            self._order += 1
+            try:
+                self.runner.attach(s)
+            except RuntimeError:
+                self.scheduler.remove(stream_id)
+                raise
+
+    def push_tokens(self, stream_id: Any, tokens: list[int], last: bool = False) -> None:
+        with self._lock:
+            s = self.scheduler.streams[stream_id]
+            reason = s.push(list(tokens), last, self.clock())
+            if reason is not None and s.end_reason is None:
+                s.end_reason = reason
+
+    def cancel(self, stream_id: Any) -> None:
+        """End a stream at the next step boundary; a solve in flight finishes for the others."""
+        with self._lock:
+            if stream_id in self.scheduler.streams:
+                self.scheduler.cancelled.add(stream_id)
+
+    @property
+    def num_streams(self) -> int:
+        return len(self.scheduler.streams)
+
+    def step(self) -> list[ChunkOut]:
+        with self._lock:
+            plan = self.scheduler.plan(self.clock(), self.config.max_streams)
+        out = [self._end(s, reason) for s, reason in plan.ending]
+        for group in plan.setup_groups:
+            self.runner.setup(group)
+            for s in group:
+                s.phase = Phase.LIVE
+            self.counters.setups += len(group)
+            self.counters.setup_groups += 1
+        if plan.decode:
+            out += self._decode(plan.decode)
+        self.counters.steps += 1
+        return out
+
+    # internals
+    def _decode(self, batch: list) -> list[ChunkOut]:  # type: ignore[type-arg]
+        pcm = self.runner.decode(batch)
+        out = []
+        for (s, chunk), wav in zip(batch, pcm, strict=True):
+            s.consume(chunk)
+            self.counters.chunks += 1
+            with self._lock:
+                cancelled = s.stream_id in self.scheduler.cancelled
+            if cancelled:
+                out.append(self._end(s, EndReason.CANCELLED))
+                continue
+            self.counters.audio_samples += wav.shape[0]
+            out.append(
+                ChunkOut(s.stream_id, wav.float().cpu(), chunk.last, "done" if chunk.last else None)
+            )
+            if chunk.last:
+                self._release(s, EndReason.DONE)
+        return out
+
+    def _end(self, s: StreamState, reason: EndReason) -> ChunkOut:
+        self._release(s, reason)
+        detail = f"{reason.value}: {s.end_detail}" if s.end_detail else reason.value
+        return ChunkOut(s.stream_id, torch.zeros(0), True, detail)
+
+    def _release(self, s: StreamState, reason: EndReason) -> None:
+        with self._lock:
+            self.scheduler.remove(s.stream_id)
+        self.runner.detach(s)
+        s.phase, s.end_reason = Phase.ENDED, reason
+        self.counters.ended[reason.value] += 1

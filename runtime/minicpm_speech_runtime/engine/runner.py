@@ -1,0 +1,222 @@
+"""Owns every device buffer: estimator caches by slot, per-stream encoder and vocoder caches.
+
+Slots are kept compact (live streams hold slots ``0..n-1``): a leaving stream's slot is refilled
+by moving the highest slot into it, so a solve reads one contiguous slot range as a view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..assets import Code2WavModels
+from .config import HISTORY_FRAMES, LOOKAHEAD_TOKENS, PROMPT_PAD_TOKEN, EngineConfig
+from .estimator import BatchedEstimator, SolveInputs
+from .state import Chunk, FrameMap, StreamState
+from .vocoder import BatchedVocoder, VocoderCache
+
+
+@dataclass(slots=True)
+class DeviceStream:
+    """Device-side state of one stream besides its estimator slot."""
+
+    spk: torch.Tensor  # [80] projected speaker embedding
+    prompt_frames: int
+    frames: FrameMap
+    vocoder: VocoderCache
+    enc_cnn: torch.Tensor | None = None  # conformer conv caches, reference layout
+    enc_att: torch.Tensor | None = None  # conformer attention caches, reference layout
+
+
+class Runner:
+    def __init__(self, models: Code2WavModels, config: EngineConfig) -> None:
+        self.flow, self.device, self.config = models.flow, models.device, config
+        self.trash = config.cache_frames - 1
+        self.estimator = BatchedEstimator(
+            self.flow.decoder, config.max_streams, config.cache_frames, config.n_timesteps
+        )
+        self.vocoder = BatchedVocoder(models.hift, models.device)
+        self.owner: list[StreamState | None] = [None] * config.max_streams
+        self.streams: dict[object, DeviceStream] = {}
+        self.slot_moves = 0
+        self.profile = False  # when set, phases are timed with a device sync around each
+        self.phase_s: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        if not self.profile:
+            yield
+            return
+        _sync(self.device)
+        t0 = time.perf_counter()
+        yield
+        _sync(self.device)
+        self.phase_s[name] += time.perf_counter() - t0
+
+    # slots
+    @property
+    def num_live(self) -> int:
+        return len(self.streams)
+
+    def attach(self, s: StreamState) -> None:
+        if self.num_live >= self.config.max_streams:
+            raise RuntimeError("no free stream slot")
+        s.slot = self.num_live
+        self.owner[s.slot] = s
+        spk = self.flow.spk_embed_affine_layer(F.normalize(s.voice.spk_emb, dim=1))
+        fm = FrameMap(s.prompt_frames, self.trash)
+        self.streams[s.stream_id] = DeviceStream(
+            spk[0], s.prompt_frames, fm, VocoderCache.empty(self.device)
+        )
+
+    def detach(self, s: StreamState) -> None:
+        self.streams.pop(s.stream_id)
+        hole, top = s.slot, self.num_live  # num_live already excludes s
+        self.owner[hole] = None
+        if hole != top:
+            self._move(top, hole)
+        s.slot = -1
+
+    def _move(self, src: int, dst: int) -> None:
+        est = self.estimator
+        for buf in (est.k, est.v, est.conv):
+            buf[:, :, 2 * dst : 2 * dst + 2].copy_(buf[:, :, 2 * src : 2 * src + 2])
+        moved = self.owner[src]
+        assert moved is not None
+        self.owner[dst], self.owner[src] = moved, None
+        moved.slot = dst
+        self.slot_moves += 1
+
+    # cold setup
+    @torch.inference_mode()
+    def setup(self, group: list[StreamState]) -> None:
+        """The reference's ``setup_cache`` for a group of new streams, one batched solve."""
+        with self._phase("setup_encode"):
+            mus = [self._encode_prompt(s) for s in group]
+        conds = [s.voice.prompt_mels[0].transpose(0, 1) for s in group]  # [80, P]
+        rows = []
+        for s in group:
+            pos = self.streams[s.stream_id].frames.setup()
+            rows.append((s, pos, pos))
+        with self._phase("setup_solve"):
+            self._solve(rows, mus, conds, offsets=[0] * len(group))
+
+    def _encode_prompt(self, s: StreamState) -> torch.Tensor:
+        tok = s.voice.prompt_tokens
+        pad = torch.full(
+            (1, LOOKAHEAD_TOKENS), PROMPT_PAD_TOKEN, dtype=tok.dtype, device=tok.device
+        )
+        return self._encode(s, torch.cat([tok, pad], dim=1), last=False)
+
+    def _encode(self, s: StreamState, tokens: torch.Tensor, last: bool) -> torch.Tensor:
+        """Encoder ``forward_chunk`` for one stream; returns mu [80, frames]."""
+        d = self.streams[s.stream_id]
+        xs = self.flow.input_embedding(tokens)
+        h, d.enc_cnn, att = self.flow.encoder.forward_chunk(xs, last, d.enc_cnn, d.enc_att)
+        d.enc_att = _truncate(att, d.prompt_frames, dim=3)
+        return self.flow.encoder_proj(h)[0].transpose(0, 1)
+
+    # decode
+    @torch.inference_mode()
+    def decode(self, batch: list[tuple[StreamState, Chunk]]) -> list[torch.Tensor]:
+        """One chunk for each stream: encoder, one batched solve, one vocoder pass per length."""
+        mus, offsets, rows = [], [], []
+        with self._phase("decode_encode"):
+            for s, chunk in batch:
+                tok = torch.tensor([chunk.tokens], dtype=torch.int32, device=self.device)
+                mus.append(self._encode(s, tok, chunk.last))
+                fm = self.streams[s.stream_id].frames
+                offsets.append(fm.length)
+                rows.append((s, fm.append_chunk(mus[-1].shape[1]), fm.logical))
+        conds = [torch.zeros_like(m) for m in mus]
+        with self._phase("decode_solve"):
+            mels = self._solve(rows, mus, conds, offsets)
+        for s, _ in batch:
+            self.streams[s.stream_id].frames.truncate()
+        caches = [self.streams[s.stream_id].vocoder for s, _ in batch]
+        with self._phase("decode_vocoder"):
+            pcm = self.vocoder.run(mels, caches, [c.last for _, c in batch])
+        for (s, _), cache in zip(batch, caches, strict=True):
+            self.streams[s.stream_id].vocoder = cache
+        return pcm
+
+    def _solve(
+        self,
+        rows: list[tuple[StreamState, list[int], list[int]]],
+        mus: list[torch.Tensor],
+        conds: list[torch.Tensor],
+        offsets: list[int],
+    ) -> list[torch.Tensor]:
+        """rows: (stream, new frame positions, all valid positions); returns mel [80, n] each."""
+        lens = [m.shape[1] for m in mus]
+        lo = min(s.slot for s, _, _ in rows)
+        hi = max(s.slot for s, _, _ in rows) + 1
+        frames = max(lens)
+        with self._phase("host_inputs"):
+            inputs = self._inputs(rows, lo, hi, frames)
+        n = hi - lo
+        x = torch.zeros(n, 80, frames, device=self.device)
+        mu, cond = torch.zeros_like(x), torch.zeros_like(x)
+        spk = torch.zeros(n, 80, device=self.device)
+        noise = self.estimator.noise(offsets, frames)
+        for i, (s, _, _) in enumerate(rows):
+            j, f = s.slot - lo, lens[i]
+            x[j, :, :f] = noise[i, :, :f]
+            mu[j, :, :f], cond[j, :, :f] = mus[i], conds[i]
+            spk[j] = self.streams[s.stream_id].spk
+        inputs.x, inputs.mu, inputs.cond, inputs.spk = x, mu, cond, spk
+        with self._phase("estimator"):
+            out = self.estimator.solve(inputs)
+        return [out[s.slot - lo, :, : lens[i]] for i, (s, _, _) in enumerate(rows)]
+
+    def _inputs(
+        self, rows: list[tuple[StreamState, list[int], list[int]]], lo: int, hi: int, frames: int
+    ) -> SolveInputs:
+        """Host-built index tensors: where new frames go, which keys are valid, which rows write."""
+        n, t = hi - lo, self.config.cache_frames
+        write = torch.full((2 * n, frames), self.trash, dtype=torch.long)
+        mask = torch.zeros(2 * n, 1, 1, t, dtype=torch.bool)
+        mask[:, 0, 0, self.trash] = True  # rows outside this solve attend to their trash frame
+        last = torch.zeros(2 * n, dtype=torch.long)
+        active = torch.zeros(2 * n, dtype=torch.bool)
+        for s, new, valid in rows:
+            r = 2 * (s.slot - lo)
+            write[r : r + 2, : len(new)] = torch.tensor(new, dtype=torch.long)
+            mask[r : r + 2, 0, 0, self.trash] = False
+            mask[r : r + 2, 0, 0, valid] = True
+            last[r : r + 2] = len(new)
+            active[r : r + 2] = True
+        dev = self.device
+        empty = torch.empty(0, device=dev)
+        return SolveInputs(
+            lo,
+            hi,
+            empty,
+            empty,
+            empty,
+            empty,
+            write.to(dev),
+            mask.to(dev),
+            last.to(dev),
+            active.to(dev),
+        )
+
+
+def _truncate(att: torch.Tensor, prompt: int, dim: int) -> torch.Tensor:
+    """The reference's history cut: keep the first ``prompt`` and the last 100 entries."""
+    if att.shape[dim] <= prompt + HISTORY_FRAMES:
+        return att
+    head = att.narrow(dim, 0, prompt)
+    tail = att.narrow(dim, att.shape[dim] - HISTORY_FRAMES, HISTORY_FRAMES)
+    return torch.cat([head, tail], dim=dim)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,120 @@
+"""Bad input and faults: the stream ends with a clear reason, the others are unaffected, and
+slots, caches and stream tables return to their baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from minicpm_speech_runtime.bench.parity import (
+    TOL,
+    drain,
+    engine,
+    fixed_nsf_noise,
+    make_voices,
+    max_diff,
+    small_models,
+    utterance,
+)
+
+
+@pytest.fixture(scope="module")
+def setup(models):  # type: ignore[no-untyped-def]
+    small = small_models(models)
+    return small, make_voices(small, [2.0, 3.0])
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _baseline(eng: Any) -> None:
+    assert eng.num_streams == 0 and eng.runner.num_live == 0
+    assert not eng.runner.streams and all(o is None for o in eng.runner.owner)
+    assert not eng.scheduler.cancelled
+
+
+def _run(small: Any, voices: Any, extra: Any = None, clock: Any = None) -> tuple[dict, dict, Any]:
+    eng = engine(small)
+    if clock is not None:
+        eng.clock = clock
+    for i in range(2):
+        eng.add_stream(f"ok{i}", voices[i])
+        eng.push_tokens(f"ok{i}", utterance(60 + 20 * i, i), last=True)
+    if extra is not None:
+        extra(eng)
+    got: dict[Any, list[np.ndarray]] = {}
+    reasons: dict[Any, str] = {}
+    for step in drain(eng, got, reasons):
+        if clock is not None:
+            clock.now = 100.0 * (step + 1)
+    return got, reasons, eng
+
+
+def test_bad_inputs_end_only_their_stream(setup) -> None:  # type: ignore[no-untyped-def]
+    small, voices = setup
+
+    def bad(eng: Any) -> None:
+        eng.add_stream("bad", voices[0])
+        eng.push_tokens("bad", [1, 2, 9999])
+        eng.add_stream("empty", voices[1])
+        eng.push_tokens("empty", [], last=True)
+
+    with fixed_nsf_noise():
+        base, _, _ = _run(small, voices)
+        got, reasons, eng = _run(small, voices, bad)
+    assert reasons["bad"].startswith("token-out-of-range: token 9999")
+    assert reasons["empty"] == "empty"
+    for sid in ("ok0", "ok1"):
+        assert reasons[sid] == "done" and max_diff(base[sid], got[sid]) == 0.0
+    _baseline(eng)
+
+
+def test_idle_stream_times_out(setup) -> None:  # type: ignore[no-untyped-def]
+    small, voices = setup
+
+    def idle(eng: Any) -> None:
+        eng.add_stream("idle", voices[1])
+        eng.push_tokens("idle", utterance(40, 9))  # never sends its last chunk
+
+    with fixed_nsf_noise():
+        got, reasons, eng = _run(small, voices, idle, clock=FakeClock())
+    assert reasons["idle"] == "idle-timeout"
+    assert len(got["idle"]) == 1  # the one full chunk it had was still decoded
+    _baseline(eng)
+
+
+def test_cancel_mid_solve(setup) -> None:  # type: ignore[no-untyped-def]
+    small, voices = setup
+    with fixed_nsf_noise():
+        base, _, _ = _run(small, voices)
+        eng = engine(small)
+        solve = eng.runner.estimator.solve
+        calls = {"n": 0}
+
+        def cancelling_solve(inputs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 3:  # during the second decode step
+                eng.cancel("victim")
+            return solve(inputs)
+
+        eng.runner.estimator.solve = cancelling_solve  # type: ignore[method-assign]
+        for i in range(2):
+            eng.add_stream(f"ok{i}", voices[i])
+            eng.push_tokens(f"ok{i}", utterance(60 + 20 * i, i), last=True)
+        eng.add_stream("victim", voices[0])
+        eng.push_tokens("victim", utterance(90, 5), last=True)
+        got: dict[Any, list[np.ndarray]] = {}
+        reasons: dict[Any, str] = {}
+        for _ in drain(eng, got, reasons):
+            pass
+    assert reasons["victim"] == "cancelled" and len(got.get("victim", [])) == 1
+    for sid in ("ok0", "ok1"):
+        assert max_diff(base[sid], got[sid]) <= TOL
+    assert eng.counters.ended["cancelled"] == 1
+    _baseline(eng)
