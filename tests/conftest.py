@@ -122,3 +122,20 @@ async def emulator_api(crd_path: Path) -> AsyncIterator[EmulatorHttp]:
     """An emulator served in the test's own loop, with raw HTTP access, namespaces default & ns1."""
     async with emulator_http(crd_path, ("default", "ns1")) as http:
         yield http
+
+
+# A tiny random-weight Code2Wav checkpoint, written once per run: the runtime and the
+# serving tests load the same one through the loader users use.
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from minicpm_speech_runtime.checkpoint import TINY, write_random_checkpoint
+
+    return write_random_checkpoint(tmp_path_factory.mktemp("code2wav-tiny"), TINY, seed=0)
+
+
+@pytest.fixture(scope="session")
+def models(tiny_checkpoint: Path):  # type: ignore[no-untyped-def]
+    from minicpm_speech_runtime.assets import load_code2wav
+
+    return load_code2wav(tiny_checkpoint, "cpu")

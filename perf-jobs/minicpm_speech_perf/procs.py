@@ -69,37 +69,32 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
+def _spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """In its own process group, so a stop reaches everything it started."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
 class SubprocessRunner:
     """The real runner: output goes to per-process log files in the artifacts dir."""
 
     def start_server(
         self, argv: Sequence[str], env: Mapping[str, str], log_path: Path
     ) -> ServerHandle:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                list(argv),
-                env=dict(env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return PopenServer(proc)
+        return PopenServer(_spawn(argv, env, log_path))
 
     def run_client(
         self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, timeout_s: float
     ) -> int:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                list(argv),
-                env=dict(env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = _spawn(argv, env, log_path)
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
