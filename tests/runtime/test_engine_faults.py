@@ -99,7 +99,7 @@ def test_cancel_mid_solve(setup) -> None:  # type: ignore[no-untyped-def]
 
         def cancelling_solve(inputs: Any) -> Any:
             calls["n"] += 1
-            if calls["n"] == 3:  # during the second decode step
+            if calls["n"] == 2:  # the second decode step (setups solve in the scratch)
                 eng.cancel("victim")
             return solve(inputs)
 

@@ -4,12 +4,14 @@ Stages, each recorded in the JSON (a failing stage is recorded and the rest stil
 
 * ``parity``: engine vs ``Token2wav.stream`` (driven per stream, own cache buffers), fp32 with
   TF32 off, HiFT's random NSF draws fixed to zero on both sides; mixed voices/lengths, a stream
-  past the history window, streams joining mid-flight. Max abs PCM difference per stream.
+  past the history window, streams joining mid-flight. Max abs PCM difference per stream. With
+  ``--graphs on`` the engine precaptures its grid first and replays graphs (stats recorded).
 * ``matmul_peak``: TF32 and fp32 4096^3 matmul rate, the roofline's ceiling.
 * ``engine``: for each C, C streams, each with its own voice (3-10 s random-waveform reference,
   prepared before the loop: preparation is part 1's), 250 tokens pushed 25 per step; a finished
   stream is replaced at once. Audio-s/s over the window, first audio (add_stream -> first PCM),
-  chunk latency (push -> PCM), peak memory, DiT FLOP rate vs the matmul peak.
+  chunk latency (push -> PCM), peak memory, DiT FLOP rate vs the matmul peak, graph counters
+  (captures during warm-up, captures after it: must be 0, replays, refusals, eager runs).
 * ``reference``: the same closed loop through the reference, one stream's chunk at a time.
 
 Usage::
@@ -63,7 +65,7 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def parity(models: Code2WavModels, voices: list[Any]) -> dict[str, Any]:
+def parity(models: Code2WavModels, voices: list[Any], graphs: bool) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     plan = [("a", 0, 260, 0), ("b", 1, 77, 0), ("c", 2, 130, 1), ("d", 0, 53, 2)]
     with fixed_nsf_noise():
@@ -73,7 +75,9 @@ def parity(models: Code2WavModels, voices: list[Any]) -> dict[str, Any]:
             for i, (s, v, n, _) in enumerate(plan)
         }
         del driver
-        eng = Code2WavEngine(models, EngineConfig(max_streams=4, micro_batch=4, tf32=False))
+        cfg = EngineConfig(max_streams=4, micro_batch=4, tf32=False, cuda_graphs=graphs)
+        eng = Code2WavEngine(models, cfg)
+        eng.warmup()
         got: dict[Any, list[np.ndarray]] = {}
         reasons: dict[Any, str] = {}
         for step in drain(eng, got, reasons, min_steps=3):
@@ -86,6 +90,7 @@ def parity(models: Code2WavModels, voices: list[Any]) -> dict[str, Any]:
         "max_abs_diff": diffs,
         "worst": max(diffs.values()),
         "pass_1e-4": max(diffs.values()) <= 1e-4,
+        "graphs": eng.graph_stats(),
     }
 
 
@@ -165,10 +170,16 @@ def _ms(x: float | None) -> float | None:
 
 
 def run_engine(
-    models: Code2WavModels, voices: list[Any], conc: int, window: float, peak: float
+    models: Code2WavModels, voices: list[Any], conc: int, window: float, peak: float, graphs: bool
 ) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    eng = Code2WavEngine(models, EngineConfig(max_streams=conc, micro_batch=min(8, conc)))
+    cfg = EngineConfig(max_streams=conc, micro_batch=min(8, conc), cuda_graphs=graphs)
+    eng = Code2WavEngine(models, cfg)
+    _sync()
+    t0 = time.perf_counter()
+    eng.warmup()
+    _sync()
+    precapture_s = time.perf_counter() - t0
     warm = Loop(voices, conc)
     _engine_loop(eng, warm, 2.0, conc)  # warm-up: allocator, cuDNN/cuBLAS heuristics
     _reset_peak()
@@ -187,8 +198,10 @@ def run_engine(
         dit_tflops=flops / wall / 1e12,
         dit_roofline_fraction=flops / wall / 1e12 / peak,
         slot_moves=eng.runner.slot_moves,
-        cuda_graph_captures_after_warmup=0,
-        cuda_graphs="not implemented: eager",
+        precapture_s=precapture_s,
+        graphs=eng.graph_stats(),
+        cuda_graph_captures_after_warmup=eng.graph_stats()["captures_after_warmup"],
+        cuda_graphs="on" if graphs else "off",
     )
     eng.runner.profile = True
     _engine_loop(eng, Loop(voices, conc), 3.0, conc)
@@ -308,6 +321,7 @@ def main() -> None:
     p.add_argument("--window", type=float, default=8.0)
     p.add_argument("--ref-window", type=float, default=12.0)
     p.add_argument("--voices", type=int, default=16)
+    p.add_argument("--graphs", choices=["on", "off"], default="on")
     a = p.parse_args()
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -329,12 +343,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
     voices = make_voices(models, [float(s) for s in rng.uniform(3.0, 10.0, a.voices)])
     res["voice_prompt_frames"] = [int(v.prompt_mels.shape[1]) for v in voices]
-    _stage(res, "parity", lambda: parity(models, voices[:3]))
+    graphs = a.graphs == "on"
+    _stage(res, "parity", lambda: parity(models, voices[:3], graphs))
     _stage(res, "matmul_peak", matmul_peak)
     peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
     res["engine"], res["reference"] = {}, {}
     for c in [int(x) for x in a.conc.split(",")]:
-        _stage(res["engine"], str(c), lambda c=c: run_engine(models, voices, c, a.window, peak))
+        _stage(
+            res["engine"], str(c), lambda c=c: run_engine(models, voices, c, a.window, peak, graphs)
+        )
         _save(res, a.json)
     for c in [int(x) for x in a.ref_conc.split(",")]:
         _stage(res["reference"], str(c), lambda c=c: run_reference(models, voices, c, a.ref_window))

@@ -3,12 +3,14 @@
 Public API::
 
     engine = Code2WavEngine(models, EngineConfig(max_streams=32, micro_batch=8))
+    engine.warmup()                               # precapture the CUDA graph grid
     engine.add_stream(sid, prepared_voice)        # PreparedVoice from part 1 (prep/device)
     engine.push_tokens(sid, tokens, last=False)   # any number of tokens; ids 0..6560
     for out in engine.step():                     # one batched step for every ready stream
         out.stream_id, out.pcm, out.finished, out.reason
     engine.cancel(sid)                            # ends at the next step boundary
     engine.counters                               # steps, chunks, setups, ended reasons
+    engine.graph_stats()                          # captures (after warm-up), replays, eager
 
 Chunking is the reference's streaming contract: a chunk is 25 tokens plus 3 lookahead tokens
 (kept for the next chunk); the last chunk is whatever remains, decoded with ``last_chunk``.
@@ -20,7 +22,8 @@ one vocoder call per distinct mel length. Per-stream PCM equals the reference's
 
 Layout: ``state`` (per-stream host state, cache frame map), ``scheduler`` (CPU only, no torch),
 ``estimator`` (batched DiT with in-place caches), ``vocoder`` (batched HiFT), ``runner`` (owns
-device buffers and slots), ``engine`` (the step).
+device buffers, slots and the graph dispatcher), ``graphs`` (which CUDA graphs exist, budget,
+counters), ``engine`` (the step).
 """
 
 from .config import EngineConfig

@@ -17,6 +17,10 @@ class EngineConfig:
 
     ``max_streams`` slots are preallocated; ``max_prompt_frames`` bounds a voice's 50 Hz prompt
     mel (2 per prompt token; 500 = a 10 s reference). ``micro_batch`` bounds one cold-setup group.
+    With ``cuda_graphs`` (CUDA devices only) the solves and the vocoder replay graphs of a grid:
+    batch sizes 1, 2, 4, ... up to ``max_streams`` (setup: ``micro_batch``) by frame buckets
+    (decode: 50 and 56; setup: multiples of ``setup_frame_step`` up to ``max_prompt_frames``),
+    at most ``graph_budget`` graphs, captured by ``Code2WavEngine.warmup`` when ``precapture``.
     """
 
     max_streams: int = 8
@@ -27,6 +31,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     precapture: bool = True
     graph_budget: int = 64
+    vocoder_graphs: bool = False  # HiFT's NSF source copies a host tensor per call: eager
+    setup_frame_step: int = 128
     idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -40,6 +46,8 @@ class EngineConfig:
             raise ValueError("n_timesteps must be >= 1")
         if self.graph_budget < 0:
             raise ValueError("graph_budget must be >= 0")
+        if self.setup_frame_step < 1:
+            raise ValueError("setup_frame_step must be >= 1")
         if self.idle_timeout_s <= 0:
             raise ValueError("idle_timeout_s must be > 0")
 
@@ -47,6 +55,11 @@ class EngineConfig:
     def max_chunk_frames(self) -> int:
         """Frames of the largest chunk: a last chunk of 25 + 3 tokens, 2 frames each."""
         return 2 * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)
+
+    @property
+    def setup_frame_buckets(self) -> list[int]:
+        step, top = self.setup_frame_step, self.max_prompt_frames
+        return [*range(step, top, step), top]
 
     @property
     def cache_frames(self) -> int:

@@ -13,6 +13,7 @@ import torch
 
 from ..assets import Code2WavModels
 from .config import EngineConfig
+from .graphs import CaptureBackend
 from .runner import Runner
 from .scheduler import Scheduler
 from .state import EndReason, Phase, StreamState
@@ -44,17 +45,18 @@ class Code2WavEngine:
         models: Code2WavModels,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        graph_backend: CaptureBackend | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.clock = clock
         self.scheduler = Scheduler(self.config)
-        self.runner = Runner(models, self.config)
         self.counters = EngineCounters()
         self._lock = threading.Lock()
         self._order = 0
         if models.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.config.tf32
             torch.backends.cudnn.allow_tf32 = self.config.tf32
+        self.runner = Runner(models, self.config, graph_backend)
 
     # public API
     def add_stream(self, stream_id: Any, voice: Any) -> None:
@@ -84,6 +86,21 @@ class Code2WavEngine:
         with self._lock:
             if stream_id in self.scheduler.streams:
                 self.scheduler.cancelled.add(stream_id)
+
+    def precapture(self) -> int:
+        """Capture every graph of the grid now (decode shapes first); returns how many."""
+        with self._lock:
+            return self.runner.precapture()
+
+    def warmup(self) -> int:
+        """Precapture (when configured); from here on a capture counts as one after warm-up."""
+        n = self.precapture() if self.config.precapture else 0
+        self.runner.graphs.warm = True
+        return n
+
+    def graph_stats(self) -> dict[str, Any]:
+        """Graphs, budget, captures (after warm-up too), replays, refusals, eager runs by kind."""
+        return self.runner.graphs.stats()
 
     @property
     def num_streams(self) -> int:

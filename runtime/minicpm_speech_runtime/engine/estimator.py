@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .graphs import GraphDispatcher, GraphKey
+
 
 @dataclass(slots=True)
 class SolveInputs:
@@ -55,6 +57,9 @@ class BatchedEstimator:
         conv = (n_timesteps, self.depth, 2 * slots, 2 * self.hidden, 2)
         self.conv = torch.zeros(conv, dtype=p.dtype, device=p.device)
         self.cfg_rate = float(cfm.inference_cfg_rate)
+        with torch.no_grad():  # the DiT's timestep embedding builds a host tensor: not capturable
+            times = self._schedule(p.device, p.dtype)
+            self.temb = torch.cat([self.est.t_embedder(t) for t, _ in times])  # [steps, hidden]
 
     @property
     def nbytes(self) -> int:
@@ -72,23 +77,32 @@ class BatchedEstimator:
         )
         return noise[:, idx.clamp_(max=noise.shape[1] - 1)].permute(1, 0, 2)
 
+    def _schedule(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(t [1], dt) of each Euler step, accumulated as ``solve_euler_chunk`` does."""
+        t_span = self.t_span(device, dtype)
+        t, dt = t_span[0].unsqueeze(0), t_span[1] - t_span[0]
+        out = []
+        for step in range(1, len(t_span)):
+            out.append((t, dt))
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        return out
+
     @torch.inference_mode()
     def solve(self, s: SolveInputs) -> torch.Tensor:
         """Euler-integrate ``s.x``; returns [n, 80, F]. Mirrors ``solve_euler_chunk``."""
-        t_span = self.t_span(s.x.device, s.x.dtype)
-        t, dt = t_span[0].unsqueeze(0), t_span[1] - t_span[0]
         x = s.x
         mu_in = _interleave(s.mu)
         spk_in = _interleave(s.spk)
         cond_in = _interleave(s.cond)
-        for step in range(1, len(t_span)):
-            out = self.forward(step - 1, x.repeat_interleave(2, 0), mu_in, t, spk_in, cond_in, s)
+        for step, (_, dt) in enumerate(self._schedule(s.x.device, s.x.dtype)):
+            out = self.forward(step, x.repeat_interleave(2, 0), mu_in, spk_in, cond_in, s)
             d = out.view(x.shape[0], 2, *out.shape[1:])  # [n, 2, 80, F]: CFG rows adjacent
             dphi = (1.0 + self.cfg_rate) * d[:, 0] - self.cfg_rate * d[:, 1]
             x = x + dt * dphi
-            t = t + dt
-            if step < len(t_span) - 1:
-                dt = t_span[step + 1] - t
         return x
 
     def forward(
@@ -96,13 +110,12 @@ class BatchedEstimator:
         step: int,
         x: torch.Tensor,  # [R, 80, F]
         mu: torch.Tensor,
-        t: torch.Tensor,  # [1]
         spk: torch.Tensor,  # [R, 80]
         cond: torch.Tensor,
         s: SolveInputs,
     ) -> torch.Tensor:
         est = self.est
-        c = est.t_embedder(t.expand(x.shape[0])).unsqueeze(1)  # [R, 1, hidden]
+        c = self.temb[step].expand(x.shape[0], -1).unsqueeze(1)  # [R, 1, hidden]
         spk_t = spk[:, :, None].expand(-1, -1, x.shape[2])
         h = torch.cat([x, mu, spk_t, cond], dim=1).transpose(1, 2)  # [R, F, 320]
         h = est.in_proj(h)
@@ -156,6 +169,92 @@ class BatchedEstimator:
         new = torch.cat([new1, new2], dim=1)
         cache.copy_(torch.where(s.active[:, None, None], new, cache))
         return y.transpose(1, 2)
+
+
+class GraphedSolve:
+    """Static inputs/outputs of one estimator's solve and its grid of graphs.
+
+    Keys are ``(kind, streams, frames)``: a solve over slots ``[0, streams)`` of ``frames``
+    frames. Callers build their inputs at a key's shape (rows outside the solve inactive,
+    frames past a row's length written to the trash position), :meth:`run` copies them into
+    ``buf[:streams]`` and replays, or solves eager on those same inputs when refused.
+    """
+
+    def __init__(
+        self,
+        est: BatchedEstimator,
+        dispatcher: GraphDispatcher,
+        kind: str,
+        batch_sizes: list[int],
+        frame_buckets: list[int],
+    ) -> None:
+        self.est, self.dispatcher, self.kind = est, dispatcher, kind
+        self.trash = est.frames - 1
+        n, f, t = max(batch_sizes), max(frame_buckets), est.frames
+        dev, dt = est.k.device, est.k.dtype
+        self.x = torch.zeros(n, 80, f, device=dev, dtype=dt)
+        self.mu, self.cond, self.out = (torch.zeros_like(self.x) for _ in range(3))
+        self.spk = torch.zeros(n, 80, device=dev, dtype=dt)
+        self.write = torch.full((2 * n, f), self.trash, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(2 * n, 1, 1, t, dtype=torch.bool, device=dev)
+        self.last = torch.zeros(2 * n, dtype=torch.long, device=dev)
+        self.active = torch.zeros(2 * n, dtype=torch.bool, device=dev)
+        for b in batch_sizes:
+            for fr in frame_buckets:
+                key = GraphKey(kind, b, fr)
+                dispatcher.declare(key, lambda key=key: self._body(key), self._idle)
+
+    def select(self, streams: int, frames: int) -> GraphKey | None:
+        return self.dispatcher.select(self.kind, streams, frames)
+
+    def run(self, key: GraphKey | None, s: SolveInputs) -> torch.Tensor:
+        """Solve ``s`` (built at ``key``'s shape when a key is given); returns [n, 80, F]."""
+        replay = None if key is None else self.dispatcher.replayer(key)
+        if replay is None:
+            return self.est.solve(s)
+        self._load(key, s)  # type: ignore[arg-type]
+        return replay()
+
+    def _views(self, key: GraphKey) -> SolveInputs:
+        b, f = key.batch, key.frames
+        return SolveInputs(
+            0,
+            b,
+            self.x[:b, :, :f],
+            self.mu[:b, :, :f],
+            self.spk[:b],
+            self.cond[:b, :, :f],
+            self.write[: 2 * b, :f],
+            self.mask[: 2 * b],
+            self.last[: 2 * b],
+            self.active[: 2 * b],
+        )
+
+    def _load(self, key: GraphKey, s: SolveInputs) -> None:
+        v = self._views(key)
+        for dst, src in (
+            (v.x, s.x),
+            (v.mu, s.mu),
+            (v.spk, s.spk),
+            (v.cond, s.cond),
+            (v.write_pos, s.write_pos),
+            (v.key_mask, s.key_mask),
+            (v.last_idx, s.last_idx),
+            (v.active, s.active),
+        ):
+            dst.copy_(src, non_blocking=True)
+
+    def _body(self, key: GraphKey) -> torch.Tensor:
+        out = self.out[: key.batch, :, : key.frames]
+        out.copy_(self.est.solve(self._views(key)))
+        return out
+
+    def _idle(self) -> None:
+        """Every row inactive: writes go to the trash frame, which is all a row attends to."""
+        for t in (self.x, self.mu, self.cond, self.spk, self.last, self.active, self.mask):
+            t.zero_()
+        self.write.fill_(self.trash)
+        self.mask[..., self.trash] = True
 
 
 def _mod(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

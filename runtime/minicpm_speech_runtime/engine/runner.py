@@ -1,7 +1,11 @@
-"""Owns every device buffer: estimator caches by slot, per-stream encoder and vocoder caches.
+"""Owns every device buffer: estimator caches by slot, per-stream encoder and vocoder caches,
+the static graph buffers and the graph dispatcher.
 
 Slots are kept compact (live streams hold slots ``0..n-1``): a leaving stream's slot is refilled
 by moving the highest slot into it, so a solve reads one contiguous slot range as a view.
+A decode solve covers slots ``[0, batch)`` of the smallest graph that holds every stream in it.
+A setup group solves in a scratch estimator of ``micro_batch`` slots (so its graphs see slots
+``[0, M)`` whatever slots the group holds) and its caches are then copied to the group's slots.
 """
 
 from __future__ import annotations
@@ -16,10 +20,20 @@ import torch
 import torch.nn.functional as F
 
 from ..assets import Code2WavModels
-from .config import HISTORY_FRAMES, LOOKAHEAD_TOKENS, PROMPT_PAD_TOKEN, EngineConfig
-from .estimator import BatchedEstimator, SolveInputs
+from .config import (
+    CHUNK_TOKENS,
+    HISTORY_FRAMES,
+    LOOKAHEAD_TOKENS,
+    PROMPT_PAD_TOKEN,
+    EngineConfig,
+)
+from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
+from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
 from .state import Chunk, FrameMap, StreamState
 from .vocoder import BatchedVocoder, VocoderCache
+
+# a solve's rows: (slot in the solve's estimator, speaker [80], new positions, valid positions)
+Row = tuple[int, torch.Tensor, list[int], list[int]]
 
 
 @dataclass(slots=True)
@@ -35,13 +49,41 @@ class DeviceStream:
 
 
 class Runner:
-    def __init__(self, models: Code2WavModels, config: EngineConfig) -> None:
+    def __init__(
+        self,
+        models: Code2WavModels,
+        config: EngineConfig,
+        graph_backend: CaptureBackend | None = None,
+    ) -> None:
         self.flow, self.device, self.config = models.flow, models.device, config
         self.trash = config.cache_frames - 1
+        steps = config.n_timesteps
         self.estimator = BatchedEstimator(
-            self.flow.decoder, config.max_streams, config.cache_frames, config.n_timesteps
+            self.flow.decoder, config.max_streams, config.cache_frames, steps
         )
-        self.vocoder = BatchedVocoder(models.hift, models.device)
+        self.setup_estimator = BatchedEstimator(
+            self.flow.decoder, config.micro_batch, config.max_prompt_frames + 1, steps
+        )
+        if graph_backend is None and config.cuda_graphs and models.device.type == "cuda":
+            graph_backend = CudaGraphBackend(models.device)
+        self.graphs = GraphDispatcher(config.graph_budget, graph_backend)
+        decode_sizes = batch_grid(config.max_streams)
+        self.decode_solve = GraphedSolve(
+            self.estimator,
+            self.graphs,
+            "decode",
+            decode_sizes,
+            [2 * CHUNK_TOKENS, config.max_chunk_frames],
+        )
+        self.setup_solve = GraphedSolve(
+            self.setup_estimator,
+            self.graphs,
+            "setup",
+            batch_grid(config.micro_batch),
+            config.setup_frame_buckets,
+        )
+        hift_sizes = decode_sizes if config.vocoder_graphs else None
+        self.vocoder = BatchedVocoder(models.hift, models.device, self.graphs, hift_sizes)
         self.owner: list[StreamState | None] = [None] * config.max_streams
         self.streams: dict[object, DeviceStream] = {}
         self.slot_moves = 0
@@ -100,12 +142,22 @@ class Runner:
         with self._phase("setup_encode"):
             mus = [self._encode_prompt(s) for s in group]
         conds = [s.voice.prompt_mels[0].transpose(0, 1) for s in group]  # [80, P]
-        rows = []
-        for s in group:
-            pos = self.streams[s.stream_id].frames.setup()
-            rows.append((s, pos, pos))
+        rows: list[Row] = []
+        for j, s in enumerate(group):
+            d = self.streams[s.stream_id]
+            pos = d.frames.setup()
+            rows.append((j, d.spk, pos, pos))
         with self._phase("setup_solve"):
-            self._solve(rows, mus, conds, offsets=[0] * len(group))
+            self._solve(self.setup_solve, rows, mus, conds, offsets=[0] * len(group))
+            for j, s in enumerate(group):
+                self._adopt(j, s.slot)
+
+    def _adopt(self, src: int, dst: int) -> None:
+        """Copy a scratch slot's caches (prompt positions, conv state) into a stream's slot."""
+        a, b, p = self.setup_estimator, self.estimator, self.config.max_prompt_frames
+        for sbuf, dbuf in ((a.k, b.k), (a.v, b.v)):  # [steps, depth, 2 slots, H, T, D]
+            dbuf[:, :, 2 * dst : 2 * dst + 2, :, :p].copy_(sbuf[:, :, 2 * src : 2 * src + 2, :, :p])
+        b.conv[:, :, 2 * dst : 2 * dst + 2].copy_(a.conv[:, :, 2 * src : 2 * src + 2])
 
     def _encode_prompt(self, s: StreamState) -> torch.Tensor:
         tok = s.voice.prompt_tokens
@@ -133,10 +185,11 @@ class Runner:
                 mus.append(self._encode(s, tok, chunk.last))
                 fm = self.streams[s.stream_id].frames
                 offsets.append(fm.length)
-                rows.append((s, fm.append_chunk(mus[-1].shape[1]), fm.logical))
+                spk = self.streams[s.stream_id].spk
+                rows.append((s.slot, spk, fm.append_chunk(mus[-1].shape[1]), fm.logical))
         conds = [torch.zeros_like(m) for m in mus]
         with self._phase("decode_solve"):
-            mels = self._solve(rows, mus, conds, offsets)
+            mels = self._solve(self.decode_solve, rows, mus, conds, offsets)
         for s, _ in batch:
             self.streams[s.stream_id].frames.truncate()
         caches = [self.streams[s.stream_id].vocoder for s, _ in batch]
@@ -148,47 +201,48 @@ class Runner:
 
     def _solve(
         self,
-        rows: list[tuple[StreamState, list[int], list[int]]],
+        solver: GraphedSolve,
+        rows: list[Row],
         mus: list[torch.Tensor],
         conds: list[torch.Tensor],
         offsets: list[int],
     ) -> list[torch.Tensor]:
-        """rows: (stream, new frame positions, all valid positions); returns mel [80, n] each."""
+        """One batched solve; returns mel [80, n] per row. A graph's shape when one fits."""
         lens = [m.shape[1] for m in mus]
-        lo = min(s.slot for s, _, _ in rows)
-        hi = max(s.slot for s, _, _ in rows) + 1
+        lo, hi = min(r[0] for r in rows), max(r[0] for r in rows) + 1
         frames = max(lens)
+        key = solver.select(hi, frames)
+        if key is not None:
+            lo, hi, frames = 0, key.batch, key.frames
         with self._phase("host_inputs"):
-            inputs = self._inputs(rows, lo, hi, frames)
+            inputs = self._inputs(rows, lo, hi, frames, solver.trash)
         n = hi - lo
         x = torch.zeros(n, 80, frames, device=self.device)
         mu, cond = torch.zeros_like(x), torch.zeros_like(x)
         spk = torch.zeros(n, 80, device=self.device)
-        noise = self.estimator.noise(offsets, frames)
-        for i, (s, _, _) in enumerate(rows):
-            j, f = s.slot - lo, lens[i]
+        noise = self.estimator.noise(offsets, max(lens))
+        for i, (slot, row_spk, _, _) in enumerate(rows):
+            j, f = slot - lo, lens[i]
             x[j, :, :f] = noise[i, :, :f]
             mu[j, :, :f], cond[j, :, :f] = mus[i], conds[i]
-            spk[j] = self.streams[s.stream_id].spk
+            spk[j] = row_spk
         inputs.x, inputs.mu, inputs.cond, inputs.spk = x, mu, cond, spk
         with self._phase("estimator"):
-            out = self.estimator.solve(inputs)
-        return [out[s.slot - lo, :, : lens[i]] for i, (s, _, _) in enumerate(rows)]
+            out = solver.run(key, inputs)
+        return [out[r[0] - lo, :, : lens[i]] for i, r in enumerate(rows)]
 
-    def _inputs(
-        self, rows: list[tuple[StreamState, list[int], list[int]]], lo: int, hi: int, frames: int
-    ) -> SolveInputs:
+    def _inputs(self, rows: list[Row], lo: int, hi: int, frames: int, trash: int) -> SolveInputs:
         """Host-built index tensors: where new frames go, which keys are valid, which rows write."""
-        n, t = hi - lo, self.config.cache_frames
-        write = torch.full((2 * n, frames), self.trash, dtype=torch.long)
+        n, t = hi - lo, trash + 1
+        write = torch.full((2 * n, frames), trash, dtype=torch.long)
         mask = torch.zeros(2 * n, 1, 1, t, dtype=torch.bool)
-        mask[:, 0, 0, self.trash] = True  # rows outside this solve attend to their trash frame
+        mask[:, 0, 0, trash] = True  # rows outside this solve attend to their trash frame
         last = torch.zeros(2 * n, dtype=torch.long)
         active = torch.zeros(2 * n, dtype=torch.bool)
-        for s, new, valid in rows:
-            r = 2 * (s.slot - lo)
+        for slot, _, new, valid in rows:
+            r = 2 * (slot - lo)
             write[r : r + 2, : len(new)] = torch.tensor(new, dtype=torch.long)
-            mask[r : r + 2, 0, 0, self.trash] = False
+            mask[r : r + 2, 0, 0, trash] = False
             mask[r : r + 2, 0, 0, valid] = True
             last[r : r + 2] = len(new)
             active[r : r + 2] = True
@@ -206,6 +260,12 @@ class Runner:
             last.to(dev),
             active.to(dev),
         )
+
+    # graphs
+    @torch.inference_mode()
+    def precapture(self) -> int:
+        """Capture the whole grid: decode solves first, then the vocoder, then setup solves."""
+        return self.graphs.precapture(("decode", "hift", "setup"))
 
 
 def _truncate(att: torch.Tensor, prompt: int, dim: int) -> torch.Tensor:

@@ -8,14 +8,23 @@ has 8 + 50 frames, so one group). The overlap caches and the cross-fade are the 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .config import CHUNK_TOKENS
+from .graphs import GraphDispatcher, GraphKey
 
 MEL_CACHE = 8  # frames (160 ms)
 SOURCE_CACHE = MEL_CACHE * 480  # 24 kHz samples per 50 Hz mel frame
+CHUNK_FRAMES = 2 * CHUNK_TOKENS
+# graphed (mel frames, cached source samples): a stream's first chunk, and every later one
+GRAPH_SHAPES = ((CHUNK_FRAMES, 0), (MEL_CACHE + CHUNK_FRAMES, SOURCE_CACHE))
 
 
 @dataclass(slots=True)
@@ -31,10 +40,53 @@ class VocoderCache:
 
 
 class BatchedVocoder:
-    def __init__(self, hift: nn.Module, device: torch.device) -> None:
+    def __init__(
+        self,
+        hift: nn.Module,
+        device: torch.device,
+        dispatcher: GraphDispatcher | None = None,
+        batch_sizes: list[int] | None = None,
+    ) -> None:
         self.hift = hift
         window = np.hamming(2 * SOURCE_CACHE)
         self.window = torch.from_numpy(window).to(device)  # float64, as the reference's
+        self.dispatcher = dispatcher
+        if dispatcher is not None and dispatcher.enabled and batch_sizes:
+            self._declare(dispatcher, batch_sizes, device)
+
+    def _declare(self, d: GraphDispatcher, sizes: list[int], device: torch.device) -> None:
+        n = max(sizes)
+        self.mel = torch.zeros(n, 80, MEL_CACHE + CHUNK_FRAMES, device=device)
+        self.src = torch.zeros(n, 1, SOURCE_CACHE, device=device)
+        self.stft_window = self.hift.stft_window.to(device)
+        for b in sizes:
+            for frames, source in GRAPH_SHAPES:
+                key = GraphKey("hift", b, frames, source)
+                d.declare(key, lambda key=key: self._body(key), self._idle)
+
+    def _hift(self, mel: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """HiFT on [G, 80, L] mel and [G, 1, S] cached source; a graph when one fits."""
+        g, frames, source = mel.shape[0], mel.shape[2], src.shape[2]
+        d = self.dispatcher
+        key = None if d is None else d.select("hift", g, frames, extra=source)
+        replay = None if key is None or d is None else d.replayer(key)
+        if replay is None or key is None:
+            return self.hift(mel, src)
+        self._idle()
+        self.mel[:g, :, :frames].copy_(mel)
+        self.src[:g, :, :source].copy_(src)
+        speech, out_source = replay()
+        return speech[:g].clone(), out_source[:g].clone()
+
+    def _body(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
+        mel = self.mel[: key.batch, :, : key.frames]
+        src = self.src[: key.batch, :, : key.extra]
+        with _graph_safe(self.hift, self.stft_window):
+            return self.hift(mel, src)  # type: ignore[no-any-return]
+
+    def _idle(self) -> None:
+        self.mel.zero_()
+        self.src.zero_()
 
     @torch.inference_mode()
     def run(
@@ -60,7 +112,7 @@ class BatchedVocoder:
     ) -> None:
         mel = torch.stack([full[i] for i in idx])  # [G, 80, L]
         src = torch.stack([caches[i].source for i in idx])  # [G, 1, S]
-        speech, source = self.hift(mel, src)  # [G, samples], [G, 1, samples]
+        speech, source = self._hift(mel, src)  # [G, samples], [G, 1, samples]
         for j, i in enumerate(idx):
             out[i] = self._finish(speech[j : j + 1], source[j], mel[j], caches, i, last[i])
 
@@ -90,3 +142,38 @@ def _fade(fade_in: torch.Tensor, fade_out: torch.Tensor, window: torch.Tensor) -
     fade_in = fade_in.clone()
     fade_in[..., :n] = fade_in[..., :n] * window[:n] + fade_out[..., -n:] * window[n:]
     return fade_in
+
+
+@contextlib.contextmanager
+def _graph_safe(hift: nn.Module, window: torch.Tensor) -> Iterator[None]:
+    """HiFT with a device-resident STFT window and an inverse STFT that never syncs the host.
+
+    ``torch.istft`` checks its window envelope on the host, which a graph cannot capture; the
+    overlap-add below is the same computation without that check (the envelope of a periodic
+    Hann window at hop n_fft/4 has no zeros inside the trimmed range).
+    """
+    saved = hift.stft_window
+    hift.stft_window = window
+    hift._istft = lambda magnitude, phase: _istft(hift.istft_params, window, magnitude, phase)
+    try:
+        yield
+    finally:
+        hift.stft_window = saved
+        del hift._istft
+
+
+def _istft(
+    params: dict[str, int], window: torch.Tensor, magnitude: torch.Tensor, phase: torch.Tensor
+) -> torch.Tensor:
+    """``HiFTGenerator._istft``: [B, n_fft/2 + 1, T] magnitude and phase -> [B, hop * (T - 1)]."""
+    n_fft, hop = params["n_fft"], params["hop_len"]
+    magnitude = torch.clip(magnitude, max=1e2)
+    spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+    frames = torch.fft.irfft(spec, n=n_fft, dim=1) * window[:, None]  # [B, n_fft, T]
+    t = frames.shape[2]
+    size = (1, n_fft + hop * (t - 1))
+    y = F.fold(frames, size, (1, n_fft), stride=(1, hop))[:, 0, 0]  # overlap-add
+    sq = (window * window)[None, :, None].expand(1, n_fft, t)
+    env = F.fold(sq, size, (1, n_fft), stride=(1, hop))[:, 0, 0]
+    half = n_fft // 2
+    return (y / env)[:, half : size[1] - half]
