@@ -33,7 +33,7 @@ from types import FrameType
 from . import control
 from .config import StartupError, SupervisorConfig, parse_args, validate
 from .health import HealthServer, HealthState
-from .mps import MpsDaemon, MpsError, become_subreaper
+from .mps import MpsDaemon, MpsError, become_subreaper, reap_adopted_orphans
 from .warmup import WarmupError, run_requests, wait_for_health, wait_for_plugin
 
 log = logging.getLogger("minicpm_speech_runtime.serve")
@@ -179,6 +179,8 @@ class Supervisor:
         if self.mps is not None and self.mps.started:
             self.mps.stop()
             self.state.metrics.mps_up.set(0)
+            # The server has been waited for already: what is left are adopted orphans.
+            reap_adopted_orphans()
 
     def _warmup(self, control_dir: Path) -> None:
         cfg = self.config

@@ -43,6 +43,22 @@ def become_subreaper() -> bool:
         return False
 
 
+def reap_adopted_orphans() -> None:
+    """Collect every exited process this subreaper adopted.
+
+    ``nvidia-cuda-mps-control -d`` forks twice; the middle process exits at once and, its
+    parent gone, is adopted here. Nothing else waits for it, so without this it would
+    outlive the supervisor as a zombie (seen on the GPU machine).
+    """
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
@@ -56,12 +72,15 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child of ours is gone for every purpose here.
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return True
-    return state != "Z"
+    if state == "Z":
+        # It exited after the first look: collect it now, or it stays a zombie in the pod.
+        _reap(pid)
+        return False
+    return True
 
 
 class MpsDaemon:
