@@ -98,6 +98,11 @@ def _setup_over_micro(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
                                               "setup_graph_batch_sizes": [1, 2, 4]}))
 
 
+def _float16_batched(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
+    return pod.args(deploy=pod.deploy_config({"batched_code2wav": True,
+                                              "token2wav_float16": True}))
+
+
 def _precapture_mismatch(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
     return pod.args(precapture=True, deploy=pod.deploy_config({"cfm_graph_precapture": False}))
 
@@ -165,6 +170,10 @@ CASES: dict[str, tuple[Case, str, int]] = {
     "deploy config bad base": (_deploy_bad_base, "base_config /nowhere/", 1),
     "setup sizes over micro-batch": (
         _setup_over_micro, "setup_graph_batch_sizes [4] exceed micro_batch_size 2", 1),
+    "float16 on the batched engine": (
+        _float16_batched,
+        "deploy config: batched_code2wav: token2wav_float16=True is not supported: the batched"
+        " engine computes in float32 only", 1),
     "precapture mismatch": (
         _precapture_mismatch, "--precapture disagrees with cfm_graph_precapture: false", 1),
     "no separator": (_no_separator, "bad arguments: no server command after '--'", 2),

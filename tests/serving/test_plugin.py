@@ -15,6 +15,7 @@ import torch
 import yaml
 from minicpm_speech_runtime.serving import control, plugin
 from minicpm_speech_runtime.serving.backend import RuntimeBackend
+from minicpm_speech_runtime.serving.batched import EngineBackend
 
 FEATURES_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav"
 
@@ -207,9 +208,17 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     assert written is not None and written["options"]["micro_batch_size"] == 2
     pre = control.read_json(tmp_path / "control", control.PRECAPTURE_FILE)
     assert pre is not None and pre["state"] == "done" and pre["batch_sizes"] == [1, 2]
+    # Setup and decode run on this project's batched engine, configured from the extras;
+    # precapture ran its warm-up and one stream of the default voice (2 chunks).
     engine = backend.engine
-    assert [c for c in engine.calls if c[0] == "setup"] == [("setup", 1), ("setup", 2)]
-    assert ("decode", (2, 28)) in engine.calls
+    assert isinstance(engine, EngineBackend)
+    assert engine.engine.config.micro_batch == 2 and engine.engine.config.precapture
+    assert engine.engine.counters.chunks == 2 and engine.engine.counters.ended["done"] == 1
+    assert pre["graph_stats"] == engine.graph_stats()
+    inner = engine.fallback
+    assert isinstance(inner, FakeEngine)
+    assert not [c for c in inner.calls if c[0] in ("setup", "decode")]
+    assert backend.speech_window is inner.speech_window  # other reads reach vLLM-Omni's
 
     # A request's reference: submitted when vLLM-Omni writes it, acquired at chunk 0.
     _, entry = model._materialize_runtime_prompt("a", 16000)
@@ -236,9 +245,23 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     # vLLM-Omni evicts the prompts: the pool lets go, the engine is told.
     for e in (entry, entry_b):
         backend.evict_prompt(e.cache_id, e.path)
-    assert ("evict", entry.cache_id) in engine.calls
+    assert ("evict", entry.cache_id) in inner.calls
     backend.prep.wait_idle(60)
     assert backend.prep.live_spool_files() == []
     # Only the default voice stays pinned: vLLM-Omni never evicts its default prompt.
     assert list(backend.prep.pins().values()) == [{"default-ref"}]
     backend.close()
+
+
+def test_unsupported_extras_refused_at_build(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    extras = _deploy(tmp_path, monkeypatch, token2wav_float16=True)
+    plugin.register()
+    model = fake_vllm_omni(extras, model_dir, {}, tmp_path)
+    with pytest.raises(ValueError, match="token2wav_float16=True is not supported") as info:
+        model._build_backend()
+    assert "\n" not in str(info.value)
+    pre = control.read_json(tmp_path / "control", control.PRECAPTURE_FILE)
+    assert pre is not None and pre["state"] == "failed" and "token2wav_float16" in pre["reason"]
+    assert not (tmp_path / "control" / control.PLUGIN_FILE).exists()

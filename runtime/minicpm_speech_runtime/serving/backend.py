@@ -14,9 +14,10 @@ offers the same five and splits them:
   the worker threads while earlier buckets decode; ``prepare_prompt`` then ``acquire``\\ s.
   A VoicePrep "request" is one vLLM-Omni runtime prompt (its ``cache_id``); vLLM-Omni tracks
   the owning requests and calls ``evict_prompt`` when none is left, which ``release``\\ s it.
-* setup and decode go to a :class:`Code2WavEngine`: vLLM-Omni's own ``BatchedToken2Wav``
-  today, issue 5's batched engine when it lands (same protocol plus, optionally,
-  ``precapture`` and ``graph_stats``).
+* setup and decode go to a :class:`Code2WavEngine`: with ``batched_code2wav`` the plugin
+  puts this project's batched engine there (:class:`~.batched.EngineBackend`, which adds
+  ``precapture``, ``graph_stats`` and ``setup_counters``); any object with vLLM-Omni's
+  ``BatchedToken2Wav`` surface works too (its CFM wrapper's graph stats are read).
 
 Every call is counted in :class:`~.metrics.RuntimeMetrics`. Nothing here imports
 vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
@@ -154,7 +155,8 @@ class RuntimeBackend:
         self._fresh: set[int] = set()
         self._lock = threading.Lock()
         self._timer = _ChunkTimer(metrics)
-        self._graph_seen: dict[str, int] = {}
+        self._graph_seen: dict[tuple[str, str], int] = {}
+        self._setups_seen = (0, 0)
         metrics.set_graph_budget(0, options.cfm_max_graphs)
 
     # ----------------------------------------------------------------- references
@@ -206,9 +208,10 @@ class RuntimeBackend:
 
     def setup_batch(self, features: Any, batch_size: int) -> list[Any]:
         states = self.engine.setup_batch(features, batch_size)
-        # vLLM-Omni's engine repeats one prompt: one solve per reference, so "scalar".
-        batched = bool(getattr(self.engine, "batches_references", False))
-        self.metrics.setup_solve(batch_size, batched)
+        if not callable(getattr(self.engine, "setup_counters", None)):
+            # vLLM-Omni's engine repeats one prompt: one solve per reference, so "scalar".
+            batched = bool(getattr(self.engine, "batches_references", False))
+            self.metrics.setup_solve(batch_size, batched)
         self._fresh.update(id(s) for s in states)
         return states
 
@@ -246,36 +249,62 @@ class RuntimeBackend:
             self.metrics.set_gpu_memory(
                 torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
             )
+        self.export_setups()
         self.export_graph_stats()
+
+    def export_setups(self) -> None:
+        """Setup solves an engine with ``setup_counters()`` ran (it sets up inside its steps)."""
+        counters = getattr(self.engine, "setup_counters", None)
+        if not callable(counters):
+            return
+        solves, streams = counters()
+        seen_solves, seen_streams = self._setups_seen
+        if solves > seen_solves or streams > seen_streams:
+            self._setups_seen = (solves, streams)
+            self.metrics.record_setups(
+                max(0, solves - seen_solves), max(0, streams - seen_streams), batched=True
+            )
+
+    def graph_counts(self) -> tuple[dict[tuple[str, str], int], int, int] | None:
+        """((event, kind) -> count so far, graphs held, budget) of the engine, if it has any."""
+        own = getattr(self.engine, "graph_stats", None)
+        if callable(own):
+            raw = own()
+            counts = {
+                ("capture", "all"): int(raw.get("captures", 0)),
+                ("replay", "all"): int(raw.get("replays", 0)),
+                ("refusal", "all"): int(raw.get("refusals", 0)),
+            }
+            for kind, n in dict(raw.get("eager", {})).items():
+                counts[("eager", str(kind))] = int(n)
+            return counts, int(raw.get("graphs", 0)), int(raw.get("budget",
+                                                                  self.options.cfm_max_graphs))
+        wrapper = getattr(self.engine, "_cfm_graph_wrapper", None)
+        snapshot = getattr(wrapper, "stats_snapshot", None)
+        if not callable(snapshot):
+            return None
+        raw = snapshot()
+        # vLLM-Omni flushes its graph cache when the budget is full: a refusal.
+        counts = {
+            ("capture", "decode"): int(raw.get("captures", 0)),
+            ("replay", "decode"): int(raw.get("hits", 0)),
+            ("refusal", "decode"): int(raw.get("flushes", 0)),
+            ("eager", "decode"): int(raw.get("eager", 0)),
+        }
+        return counts, int(raw.get("cache_size", 0)), self.options.cfm_max_graphs
 
     def export_graph_stats(self) -> None:
         """Graph counters of the engine: ``graph_stats()``, or vLLM-Omni's CFM wrapper stats."""
-        stats: dict[str, int] | None = None
-        own = getattr(self.engine, "graph_stats", None)
-        if callable(own):
-            stats = own()
-        else:
-            wrapper = getattr(self.engine, "_cfm_graph_wrapper", None)
-            snapshot = getattr(wrapper, "stats_snapshot", None)
-            if callable(snapshot):
-                raw = snapshot()
-                # vLLM-Omni flushes its graph cache when the budget is full: a refusal.
-                stats = {
-                    "capture": raw.get("captures", 0),
-                    "replay": raw.get("hits", 0),
-                    "refusal": raw.get("flushes", 0),
-                    "eager": raw.get("eager", 0),
-                    "used": raw.get("cache_size", 0),
-                }
-        if not stats:
+        got = self.graph_counts()
+        if got is None:
             return
-        for event in ("capture", "replay", "refusal", "eager"):
-            value = int(stats.get(event, 0))
-            delta = value - self._graph_seen.get(event, 0)
+        counts, used, limit = got
+        for (event, kind), value in counts.items():
+            delta = value - self._graph_seen.get((event, kind), 0)
             if delta > 0:
-                self._graph_seen[event] = value
-                self.metrics.graph_event(event, "decode", delta)
-        self.metrics.set_graph_budget(int(stats.get("used", 0)), self.options.cfm_max_graphs)
+                self._graph_seen[(event, kind)] = value
+                self.metrics.graph_event(event, kind, delta)
+        self.metrics.set_graph_budget(used, limit)
 
     # ----------------------------------------------------------------- start-up
 
@@ -291,8 +320,9 @@ class RuntimeBackend:
         features = self.prepare_prompt(prompt_cache_id, prompt_wav)
         sizes = sorted({*self.options.setup_graph_batch_sizes, self.options.micro_batch_size})
         own = getattr(self.engine, "precapture", None)
+        report: Any = None
         if callable(own):
-            own(features, sizes)
+            report = own(features, sizes)
         else:
             width = self.options.codec_left_context_frames + self.options.codec_chunk_frames
             for size in sizes:
@@ -303,13 +333,19 @@ class RuntimeBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._timer.poll()
-        self.export_graph_stats()
-        return {
+        self._after_step()
+        document: dict[str, Any] = {
             "state": "done",
             "seconds": round(time.perf_counter() - begin, 3),
             "batch_sizes": sizes,
-            "graphs": self._graph_seen.get("capture", 0),
+            "graphs": sum(n for (event, _), n in self._graph_seen.items() if event == "capture"),
         }
+        stats = getattr(self.engine, "graph_stats", None)
+        if callable(stats):
+            document["graph_stats"] = stats()
+        if isinstance(report, dict) and "captured" in report:
+            document["captured"] = report["captured"]
+        return document
 
     def close(self) -> None:
         if self.prep is not None:

@@ -271,6 +271,39 @@ def _dig(document: Mapping[str, Any], path: Sequence[str]) -> Any:
     return node
 
 
+# The batched engine's fixed chunking (minicpm_speech_runtime.engine.config; no torch here).
+ENGINE_CHUNK_TOKENS = 25
+ENGINE_LOOKAHEAD_TOKENS = 3
+
+
+def batched_engine_refusal(extras: Mapping[str, Any]) -> str | None:
+    """Why the batched Code2Wav engine cannot serve these extras (one line naming the key)."""
+    if not extras.get("batched_code2wav", False):
+        return None
+    fixed = {
+        "token2wav_float16": (False, "the batched engine computes in float32 only"),
+        "enable_hift_graph": (
+            False, "HiFT's NSF source cannot be captured; the engine runs HiFT eagerly"),
+        "codec_chunk_frames": (
+            ENGINE_CHUNK_TOKENS, f"the engine decodes chunks of {ENGINE_CHUNK_TOKENS} tokens"),
+        "codec_left_context_frames": (
+            ENGINE_LOOKAHEAD_TOKENS,
+            f"the engine keeps exactly {ENGINE_LOOKAHEAD_TOKENS} lookahead tokens"),
+    }
+    for key, (allowed, why) in fixed.items():
+        if key in extras and extras[key] != allowed:
+            return f"batched_code2wav: {key}={extras[key]!r} is not supported: {why}"
+    for key, least in (("micro_batch_size", 1), ("cfm_max_graphs", 0),
+                       ("token2wav_n_timesteps", 1)):
+        value = extras.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < least:
+            return f"batched_code2wav: {key}={value!r} is not supported: must be >= {least}"
+    seconds = extras.get("ref_audio_max_seconds")
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds <= 0:
+        return f"batched_code2wav: ref_audio_max_seconds={seconds!r} is not supported: must be > 0"
+    return None
+
+
 def _own_checks(extras: Mapping[str, Any]) -> None:
     """What the schema cannot say, and the types when no schema is at hand."""
     bools = ("batched_code2wav", "cfm_graph_precapture", "token2wav_allow_tf32",
@@ -284,6 +317,9 @@ def _own_checks(extras: Mapping[str, Any]) -> None:
         value = extras.get(key)
         if key in extras and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise StartupError(f"deploy config: {'.'.join(EXTRA_PATH)}.{key} must be an integer")
+    refusal = batched_engine_refusal(extras)
+    if refusal is not None:
+        raise StartupError(f"deploy config: {refusal}")
     sizes = extras.get("setup_graph_batch_sizes")
     micro = extras.get("micro_batch_size")
     if isinstance(sizes, list) and isinstance(micro, int):

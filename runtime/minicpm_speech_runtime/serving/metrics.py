@@ -27,6 +27,10 @@ Names (all prefixed ``minicpm_speech_``):
 ``gpu_memory_bytes{kind}``                      gauge    torch allocator (livesum)
 =============================================  =========  ====================================
 
+``kind`` of the graph families is ``decode``, ``setup`` or ``hift``; the batched engine counts
+captures, replays and refusals over all kinds together, under ``kind="all"`` (its eager runs
+are by kind); vLLM-Omni's CFM wrapper counts under ``decode``.
+
 ``outcome`` is one of ``ahead``, ``inline``, ``late``, ``failed``, ``abandoned``; ``detail`` is
 part 1's finer outcome (:data:`PREP_OUTCOME`): a cached voice is prepared ahead, a queue-full
 request is inline.
@@ -58,7 +62,7 @@ PREP_OUTCOME: dict[str, tuple[str, str]] = {
 }
 assert set(PREP_OUTCOME) == set(OUTCOMES)
 
-GRAPH_KINDS = ("decode", "setup")
+GRAPH_KINDS = ("decode", "setup", "hift", "all")
 SETUP_MODES = ("batched", "scalar")
 CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 
@@ -147,6 +151,13 @@ class RuntimeMetrics:
         mode = "batched" if batched else "scalar"
         self.setup_solves.labels(mode).inc()
         self.setup_streams.labels(mode).inc(streams)
+
+    def record_setups(self, solves: int, streams: int, batched: bool) -> None:
+        mode = "batched" if batched else "scalar"
+        if solves:
+            self.setup_solves.labels(mode).inc(solves)
+        if streams:
+            self.setup_streams.labels(mode).inc(streams)
 
     def graph_event(self, event: str, kind: str, n: int = 1) -> None:
         family = {

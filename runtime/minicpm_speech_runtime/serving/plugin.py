@@ -13,11 +13,13 @@ NPU patch wraps ``_build_backend``), once per process, guarded by a marker on th
 
 * ``_build_backend``: after vLLM-Omni built its ``BatchedToken2Wav``, and only if this
   stage's own extras say ``batched_code2wav: true``, the backend becomes a
-  :class:`~.backend.RuntimeBackend` (part 1's ahead-of-time reference preparation, metrics,
-  and the engine behind the :class:`~.backend.Code2WavEngine` protocol); TF32 is set from
-  ``token2wav_allow_tf32``; ``plugin.json`` is written to the control directory; with
-  ``cfm_graph_precapture`` the reference-driven precapture runs from the model's default
-  reference and ``precapture.json`` reports it (``done``/``failed``/``skipped``).
+  :class:`~.backend.RuntimeBackend`: part 1's ahead-of-time reference preparation, metrics,
+  and this project's batched engine (:class:`~.batched.EngineBackend`, configured from the
+  extras by :func:`~.batched.engine_config`, which refuses what it cannot honour) behind the
+  :class:`~.backend.Code2WavEngine` protocol; ``plugin.json`` is written to the control
+  directory; with ``cfm_graph_precapture`` the engine's warm-up (graph precapture) runs and
+  a stream of the model's default reference is decoded, and ``precapture.json`` reports it
+  with the engine's graph stats (``done``/``failed``/``skipped``).
 * ``_materialize_runtime_prompt``: once vLLM-Omni has written a request's reference WAV, the
   backend's ``submit_ahead`` starts preparing it.
 """
@@ -131,34 +133,51 @@ def install_runtime_backend(model: Any) -> Any:
     options = RuntimeOptions.from_extras(model._extra_config())
     if not options.batched_code2wav:
         return inner
-    import torch
-
     from .metrics import runtime_metrics
 
+    extras = model._extra_config()
     device = inner.speech_window.device
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = options_tf32(model)
-        torch.backends.cudnn.allow_tf32 = options_tf32(model)
+    control = control_dir_from_env()
+    try:
+        engine, models = build_engine(model, extras, device, inner)
+    except Exception as exc:
+        if control is not None:
+            write_json(control, PRECAPTURE_FILE, {
+                "state": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]})
+        raise
     backend = RuntimeBackend(
-        engine=inner,
+        engine=engine,
         options=options,
-        prep=_voice_prep(model, inner, options, device),
+        prep=_voice_prep(model, models.tokenizer, options, device),
         make_features=_features_factory(),
         inline_prepare=inner.prepare_prompt,
         metrics=runtime_metrics(),
         device=device,
-        streams=lambda: len(model._states),
+        streams=lambda: engine.num_streams,
     )
     model.backend = backend
-    control = control_dir_from_env()
     if control is not None:
         write_json(control, PLUGIN_FILE, {"pid": os.getpid(), "options": options.as_dict()})
     _precapture(model, backend, options, control)
     return backend
 
 
-def options_tf32(model: Any) -> bool:
-    return bool(model._extra_config().get("token2wav_allow_tf32", False))
+def build_engine(
+    model: Any, extras: dict[str, Any], device: Any, inner: Any = None
+) -> tuple[Any, Any]:
+    """This project's batched engine on the stage's checkpoint; refuses unsupported extras.
+
+    The engine loads its own copy of the Code2Wav weights from ``<model>/assets/token2wav``
+    (vLLM-Omni's ``BatchedToken2Wav`` keeps its copy; nothing of it is driven any more).
+    TF32 follows ``token2wav_allow_tf32`` (the engine sets it on CUDA).
+    """
+    from ..assets import load_code2wav
+    from ..engine import Code2WavEngine
+    from .batched import EngineBackend, engine_config
+
+    config = engine_config(extras, device)
+    models = load_code2wav(Path(model.model_path) / "assets" / "token2wav", device)
+    return EngineBackend(Code2WavEngine(models, config), device, inner), models
 
 
 def _features_factory() -> Any:
@@ -175,7 +194,7 @@ def _features_factory() -> Any:
     return make
 
 
-def _voice_prep(model: Any, inner: Any, options: Any, device: Any) -> Any:
+def _voice_prep(model: Any, tokenizer: Any, options: Any, device: Any) -> Any:
     if options.reference_prep_workers <= 0:
         return None
     from ..campplus import load_campplus_onnx
@@ -184,8 +203,6 @@ def _voice_prep(model: Any, inner: Any, options: Any, device: Any) -> Any:
     from ..speaker import make_speaker
     from .backend import CAMPPLUS_BACKENDS
 
-    core = inner._token2wav._core
-    tokenizer = getattr(core, "_audio_tokenizer", None) or core.audio_tokenizer
     onnx_path = Path(model.model_path) / "assets" / "token2wav" / "campplus.onnx"
     name = CAMPPLUS_BACKENDS[options.campplus_backend]
     module = load_campplus_onnx(onnx_path) if name == "torch" else None

@@ -1,0 +1,251 @@
+"""The serving backend on this project's batched engine (CPU, tiny checkpoint, fp32, TF32 off).
+
+A request's tokens pushed through :class:`RuntimeBackend`'s five methods the way vLLM-Omni's
+``MiniCPMO45Code2Wav`` pushes them (windows of 25 new + 3 lookahead tokens overlapping by 3,
+the last window the remainder) come out as the PCM of the engine driven directly; the engine's
+counters and graph stats reach the metrics; unsupported extras are refused with one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from minicpm_speech_runtime.bench.parity import (
+    TOL,
+    drain,
+    engine,
+    fixed_nsf_noise,
+    make_voices,
+    small_models,
+    utterance,
+)
+from minicpm_speech_runtime.engine import Code2WavEngine, EngineConfig
+from minicpm_speech_runtime.engine.graphs import Body, EagerBackend
+from minicpm_speech_runtime.serving.backend import RuntimeBackend, RuntimeOptions
+from minicpm_speech_runtime.serving.batched import (
+    EngineBackend,
+    UnsupportedOption,
+    engine_config,
+    voice_from_features,
+)
+from minicpm_speech_runtime.serving.config import batched_engine_refusal
+from minicpm_speech_runtime.serving.metrics import RuntimeMetrics
+from prometheus_client import CollectorRegistry
+
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class PromptFeatures:  # vLLM-Omni's fields
+    cache_key: tuple[str, str]
+    speech_tokens: torch.Tensor
+    speaker_embedding: torch.Tensor
+    mels: torch.Tensor
+
+
+class CountingBackend(EagerBackend):
+    """Runs "graphs" eagerly, so the CPU drives the engine's graph path and its counters."""
+
+    def capture(self, body: Body) -> Body:
+        body()
+        return body
+
+
+@pytest.fixture(scope="module")
+def setup(models):  # type: ignore[no-untyped-def]
+    small = small_models(models)
+    return small, make_voices(small, [2.0, 3.3])
+
+
+def features_of(voice: Any, name: str) -> PromptFeatures:
+    return PromptFeatures((name, f"/spool/{name}.wav"), voice.prompt_tokens, voice.spk_emb,
+                          voice.prompt_mels)
+
+
+def windows(tokens: list[int]) -> list[tuple[list[int], bool]]:
+    """vLLM-Omni's decode windows of one request: 28 tokens overlapping by 3, then the rest."""
+    out = []
+    while len(tokens) >= 28:
+        out.append((tokens[:28], False))
+        tokens = tokens[25:]
+    out.append((tokens, True))
+    return out
+
+
+def make_backend(small: Any, metrics: RuntimeMetrics, features: dict[str, Any],
+                 graphs: bool = False, **cfg: Any) -> RuntimeBackend:
+    eng = engine(small, **cfg)
+    if graphs:
+        eng = Code2WavEngine(small, eng.config, graph_backend=CountingBackend())
+    adapter = EngineBackend(eng, CPU)
+    return RuntimeBackend(
+        engine=adapter,
+        options=RuntimeOptions(batched_code2wav=True, cfm_max_graphs=eng.config.graph_budget),
+        prep=None,
+        make_features=lambda key, voice: voice,
+        inline_prepare=lambda cache_id, wav: features[cache_id],
+        metrics=metrics,
+        device=CPU,
+        streams=lambda: adapter.num_streams,
+    )
+
+
+def direct(small: Any, voices: list[Any], plan: list[tuple[str, int, list[int]]],
+           **cfg: Any) -> dict[str, np.ndarray]:
+    eng = engine(small, **cfg)
+    for sid, v, toks in plan:
+        eng.add_stream(sid, voices[v])
+        eng.push_tokens(sid, toks, last=True)
+    got: dict[Any, list[np.ndarray]] = {}
+    reasons: dict[Any, str] = {}
+    for _ in drain(eng, got, reasons):
+        pass
+    assert set(reasons.values()) == {"done"}
+    return {sid: np.concatenate(got[sid]) for sid, *_ in plan}
+
+
+def test_backend_pcm_equals_engine_driven_directly(setup) -> None:  # type: ignore[no-untyped-def]
+    small, voices = setup
+    feats = {"v0": features_of(voices[0], "v0"), "v1": features_of(voices[1], "v1")}
+    # Two requests of voice v0 with equal lengths (one decode_batch per window, as vLLM-Omni
+    # batches a bucket of one prompt), two of v1 with different lengths (decode_ragged_batch).
+    plan = [("a", 0, utterance(131, 1)), ("b", 0, utterance(131, 2)),
+            ("c", 1, utterance(77, 3)), ("d", 1, utterance(30, 4))]
+    registry = CollectorRegistry()
+    metrics = RuntimeMetrics(registry)
+    with fixed_nsf_noise():
+        want = direct(small, voices, plan)
+        backend = make_backend(small, metrics, feats)
+        f0 = backend.prepare_prompt("v0", "/spool/v0.wav")
+        f1 = backend.prepare_prompt("v1", "/spool/v1.wav")
+        got: dict[str, list[torch.Tensor]] = {sid: [] for sid, *_ in plan}
+        states_ab = backend.setup_batch(f0, 2)
+        states_cd = backend.setup_batch(f1, 2)
+        assert backend.engine.num_streams == 4
+        wa, wb = windows(plan[0][2]), windows(plan[1][2])
+        wc, wd = windows(plan[2][2]), windows(plan[3][2])
+        for i in range(max(len(wa), len(wc), len(wd))):
+            if i < len(wa):
+                tokens = torch.tensor([wa[i][0], wb[i][0]])
+                audios, states_ab = backend.decode_batch(tokens, f0, states_ab,
+                                                         last_chunk=wa[i][1])
+                got["a"].append(audios[0])
+                got["b"].append(audios[1])
+            rows, lasts, states, sids = [], [], [], []
+            for sid, w, st in (("c", wc, states_cd[0]), ("d", wd, states_cd[1])):
+                if i < len(w):
+                    rows.append(torch.tensor(w[i][0]))
+                    lasts.append(w[i][1])
+                    states.append(st)
+                    sids.append(sid)
+            if rows:
+                audios, _ = backend.decode_ragged_batch(rows, f1, states, last_chunks=lasts)
+                for sid, audio in zip(sids, audios, strict=True):
+                    got[sid].append(audio)
+    for sid, *_ in plan:
+        pcm = torch.cat(got[sid]).numpy()
+        assert pcm.shape == want[sid].shape, sid
+        assert float(np.abs(pcm - want[sid]).max()) <= TOL, sid
+    assert all(h.finished and h.reason == "done" for h in states_ab)
+    assert backend.engine.num_streams == 0
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    # Setups ran inside the engine's steps, batched across the two voices.
+    assert value("minicpm_speech_code2wav_setup_streams_total", mode="batched") == 4
+    assert value("minicpm_speech_code2wav_setup_solves_total", mode="batched") >= 1
+    assert value("minicpm_speech_code2wav_setup_solves_total", mode="scalar") == 0
+    assert value("minicpm_speech_code2wav_active_streams") == 0
+    first = value("minicpm_speech_code2wav_chunk_duration_seconds_count", chunk="first")
+    steady = value("minicpm_speech_code2wav_chunk_duration_seconds_count", chunk="steady")
+    assert first == 2 and first + steady == len(wa) + len(wc)
+
+
+def test_graph_stats_and_precapture_reach_metrics(setup) -> None:  # type: ignore[no-untyped-def]
+    small, voices = setup
+    feats = {"v0": features_of(voices[0], "v0")}
+    registry = CollectorRegistry()
+    metrics = RuntimeMetrics(registry)
+    with fixed_nsf_noise():
+        backend = make_backend(small, metrics, feats, graphs=True, max_streams=2,
+                               micro_batch=2, graph_budget=5)
+        document = backend.precapture("v0", "/spool/v0.wav")
+    stats = backend.engine.graph_stats()
+    assert document["state"] == "done" and document["graph_stats"] == stats
+    assert document["captured"] == stats["graphs"] == 5  # the budget is full: refusals follow
+    assert stats["refusals"] > 0
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert value("minicpm_speech_code2wav_graph_captures_total", kind="all") == 5
+    assert value("minicpm_speech_code2wav_graph_replays_total", kind="all") == stats["replays"] > 0
+    assert value("minicpm_speech_code2wav_graph_refusals_total", kind="all") == stats["refusals"]
+    for kind, n in stats["eager"].items():
+        assert value("minicpm_speech_code2wav_eager_fallbacks_total", kind=kind) == n
+    assert value("minicpm_speech_code2wav_graph_budget_used") == 5
+    assert value("minicpm_speech_code2wav_graph_budget_limit") == 5
+    assert value("minicpm_speech_code2wav_setup_streams_total", mode="batched") == 1
+
+
+def test_dropped_request_is_cancelled(setup) -> None:  # type: ignore[no-untyped-def]
+    small, voices = setup
+    feats = {"v0": features_of(voices[0], "v0")}
+    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats)
+    f0 = backend.prepare_prompt("v0", "/spool/v0.wav")
+    with fixed_nsf_noise():
+        kept = backend.setup_batch(f0, 1)
+        dropped = backend.setup_batch(f0, 1)
+        backend.decode_batch(torch.tensor([utterance(28, 5)]), f0, dropped, last_chunk=False)
+        del dropped  # vLLM-Omni forgets an aborted request's state
+        backend.decode_batch(torch.tensor([utterance(28, 6)]), f0, kept, last_chunk=False)
+    adapter = backend.engine
+    assert adapter.num_streams == 1
+    assert adapter.engine.counters.ended["cancelled"] == 1
+
+
+def test_engine_config_maps_the_extras() -> None:
+    extras = {"batched_code2wav": True, "micro_batch_size": 4, "cfm_max_graphs": 32,
+              "cfm_graph_precapture": True, "token2wav_allow_tf32": True,
+              "token2wav_float16": False, "token2wav_n_timesteps": 8,
+              "ref_audio_max_seconds": 7.3}
+    cfg = engine_config(extras, CPU)
+    assert (cfg.micro_batch, cfg.graph_budget, cfg.precapture, cfg.tf32, cfg.n_timesteps) == (
+        4, 32, True, True, 8)
+    assert cfg.max_prompt_frames == 366 and cfg.max_streams == 8
+    assert not cfg.cuda_graphs  # CPU
+    assert engine_config({"micro_batch_size": 16}, CPU).max_streams == 16
+    assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False
+    assert isinstance(engine_config({}, CPU), EngineConfig)
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"token2wav_float16": True}, "token2wav_float16"),
+    ({"enable_hift_graph": True}, "enable_hift_graph"),
+    ({"codec_chunk_frames": 10}, "codec_chunk_frames"),
+    ({"codec_left_context_frames": 25}, "codec_left_context_frames"),
+    ({"micro_batch_size": 0}, "micro_batch_size"),
+    ({"token2wav_n_timesteps": 0}, "token2wav_n_timesteps"),
+])
+def test_unsupported_extras_refused_in_one_line(extra: dict[str, Any], key: str) -> None:
+    with pytest.raises(UnsupportedOption) as info:
+        engine_config({"batched_code2wav": True, **extra}, CPU)
+    message = str(info.value)
+    assert "\n" not in message and f"{key}=" in message and "is not supported" in message
+    assert batched_engine_refusal({"batched_code2wav": True, **extra}) == message
+    assert batched_engine_refusal({"batched_code2wav": False, **extra}) is None
+
+
+def test_voice_from_vllm_omni_features(setup) -> None:  # type: ignore[no-untyped-def]
+    _, voices = setup
+    v = voices[0]
+    voice = voice_from_features(features_of(v, "v0"), CPU)
+    for name in ("prompt_tokens", "prompt_tokens_len", "spk_emb", "prompt_mels",
+                 "prompt_mels_len"):
+        assert torch.equal(getattr(voice, name), getattr(v, name)), name
+    assert voice_from_features(v, CPU) is v
