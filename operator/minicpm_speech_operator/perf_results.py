@@ -15,6 +15,7 @@ from minicpm_speech_perf.termination import TerminationMessageError, parse_termi
 
 from .manifests import CONFIG_HASH_KEY
 from .perf_jobs import ATTEMPT_KEY, CONTAINER, KINDS, PERF_KIND_KEY, Kind
+from .status import find_condition
 
 JobState = Literal["active", "succeeded", "failed"]
 
@@ -80,11 +81,10 @@ def job_state(job: Mapping[str, Any]) -> tuple[JobState, str]:
 
 
 def _condition_time(status: Mapping[str, Any], kind: str) -> str | None:
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            time: str | None = condition.get("lastTransitionTime")
-            return time
-    return None
+    condition = find_condition(status, kind)
+    time: str | None = condition.get("lastTransitionTime") if condition.get(
+        "status") == "True" else None
+    return time
 
 
 def newest_pod(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

@@ -39,7 +39,15 @@ from .perf_plan import Observed, PerfPlan, plan
 from .perf_results import attempt_of, newest_pod, read_result, to_read
 from .serving_config import ServingConfig, check_token_secret, profile_document, serving_config
 from .spec import SpeechSpec, parse_spec
-from .status import PerfView, Served, build_status, condition_from, rollout_conditions, served_from
+from .status import (
+    PerfView,
+    Served,
+    build_status,
+    condition_from,
+    find_condition,
+    rollout_conditions,
+    served_from,
+)
 
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 Result = Literal["ok", "invalid", "gone"]
@@ -263,13 +271,14 @@ def transition_events(
     if new_hash and old_hash != new_hash:
         events.append(("Normal", "ConfigChanged",
                        f"Serving config {old_hash or 'none'} -> {new_hash} ({status['profile']})"))
-    old_degraded = _condition(previous, "Degraded")
-    new_degraded = _condition(status, "Degraded")
+    old_degraded = find_condition(previous, "Degraded")
+    new_degraded = find_condition(status, "Degraded")
     if new_degraded.get("status") == "True" and (
         old_degraded.get("message") != new_degraded.get("message")
     ):
         events.append(("Warning", new_degraded["reason"], new_degraded["message"]))
-    old_bench, new_bench = _condition(previous, "Benchmarked"), _condition(status, "Benchmarked")
+    old_bench = find_condition(previous, "Benchmarked")
+    new_bench = find_condition(status, "Benchmarked")
     if new_bench.get("reason") not in (None, "Running", "Waiting") and (
             old_bench.get("status"), old_bench.get("reason")) != (new_bench["status"],
                                                                   new_bench["reason"]):
@@ -278,10 +287,6 @@ def transition_events(
                        f"{(status.get('perf') or {}).get('configHash')}: {new_bench['message']}"))
     if previous.get("phase") != status.get("phase"):
         kind = "Warning" if status["phase"] == "Degraded" else "Normal"
-        ready = _condition(status, "Ready")
+        ready = find_condition(status, "Ready")
         events.append((kind, f"Phase{status['phase']}", ready.get("message", "")))
     return events
-
-
-def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from .status import find_condition
+
 
 def table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -18,7 +20,7 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 
 def status_table(speech: Mapping[str, Any]) -> str:
     status = speech.get("status") or {}
-    ready = _condition(status, "Ready").get("status", "")
+    ready = find_condition(status, "Ready").get("status", "")
     perf = status.get("perf") or {}
     rows = [
         ["NAME", "PROFILE", "PHASE", "READY", "CONFIG", "AUDIO-S/S", "WER"],
@@ -63,7 +65,3 @@ def server_command(deployment: Mapping[str, Any]) -> str:
 
 def as_yaml(obj: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(obj), sort_keys=False, width=100)
-
-
-def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})

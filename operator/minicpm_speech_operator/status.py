@@ -194,3 +194,8 @@ def served_from(previous: Mapping[str, Any]) -> Served | None:
         endpoint=previous.get("endpoint", ""),
         configmap=previous.get("deployConfigMap", ""),
     )
+
+
+def find_condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    """The condition of that type in a status (a Kubernetes object's, not only ours); {} if none."""
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
