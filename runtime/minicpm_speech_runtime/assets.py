@@ -14,13 +14,16 @@ evaluated.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import yaml
 from torch import nn
+
+T = TypeVar("T")
 
 FLOW_YAML = "flow.yaml"
 FLOW_PT = "flow.pt"
@@ -108,13 +111,22 @@ def build_flow(yaml_path: Path) -> nn.Module:
     return flow
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def read_checkpoint_file(path: Path, reader: Callable[[Path], T]) -> T:
+    """``reader(path)``; a missing file or a failed read is refused naming the file."""
     if not path.is_file():
         raise CheckpointError(path.name, "missing")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return reader(path)
+    except CheckpointError:
+        raise
     except Exception as exc:
-        raise CheckpointError(path.name, f"corrupt or unreadable: {exc}") from None
+        raise CheckpointError(path.name, f"corrupt or unreadable: {exc!r}") from None
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    state = read_checkpoint_file(
+        path, lambda p: torch.load(p, map_location="cpu", weights_only=True)
+    )
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(path.name, "not a state dict of tensors")
     return state
@@ -161,16 +173,11 @@ def _load_tokenizer(folder: Path) -> nn.Module:
 
     from .s3onnx import TOKENIZER_NAME, tokenizer_config
 
-    path = folder / TOKENIZER_ONNX
-    if not path.is_file():
-        raise CheckpointError(TOKENIZER_ONNX, "missing")
-    try:
+    def read(path: Path) -> tuple[dict[str, Any], Any]:
         state = s3tokenizer.onnx2torch(str(path), None, False)
-        config = tokenizer_config(state)
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(TOKENIZER_ONNX, f"corrupt or unreadable: {exc!r}") from None
+        return state, tokenizer_config(state)
+
+    state, config = read_checkpoint_file(folder / TOKENIZER_ONNX, read)
     tokenizer = S3TokenizerV2(TOKENIZER_NAME, config)
     load_strict(tokenizer, state, TOKENIZER_ONNX)
     return tokenizer
@@ -179,15 +186,13 @@ def _load_tokenizer(folder: Path) -> nn.Module:
 def _load_campplus(folder: Path) -> nn.Module:
     from .campplus import CampPlusMappingError, load_campplus_onnx
 
-    path = folder / CAMPPLUS_ONNX
-    if not path.is_file():
-        raise CheckpointError(CAMPPLUS_ONNX, "missing")
-    try:
-        return load_campplus_onnx(path)
-    except CampPlusMappingError as exc:
-        raise CheckpointError(CAMPPLUS_ONNX, str(exc)) from None
-    except Exception as exc:
-        raise CheckpointError(CAMPPLUS_ONNX, f"corrupt or unreadable: {exc!r}") from None
+    def load(path: Path) -> nn.Module:
+        try:
+            return load_campplus_onnx(path)
+        except CampPlusMappingError as exc:
+            raise CheckpointError(CAMPPLUS_ONNX, str(exc)) from None
+
+    return read_checkpoint_file(folder / CAMPPLUS_ONNX, load)
 
 
 def load_code2wav(folder: str | Path, device: str | torch.device = "cpu") -> Code2WavModels:
