@@ -86,6 +86,56 @@ def test_tokens_arriving_in_pieces_and_setup_groups(setup, nsf) -> None:  # type
                 piece = toks[sid][sent[sid] : sent[sid] + 7]
                 sent[sid] += len(piece)
                 eng.push_tokens(sid, piece, last=sent[sid] >= len(toks[sid]))
-    assert eng.counters.setup_groups == 3 and eng.counters.setups == 5
+    # voices 0, 1, 2 solved cold in groups of 2; the second streams of voices 0 and 1 copy
+    c = eng.counters
+    assert (c.setup_groups, c.setups, c.setup_shared, c.setup_hits) == (2, 3, 2, 0)
     for sid in sids:
         assert max_diff(want[sid], got[sid]) <= TOL, sid
+
+
+def test_setup_cache_hits_and_eviction_keep_pcm(setup, nsf) -> None:  # type: ignore[no-untyped-def]
+    """A later stream of a set-up voice starts from the cache; a cold setup in the same step
+    that evicts that entry (room for one voice) cannot take it away from the hit."""
+    small, voices = setup
+    # (stream, voice, tokens, step); voice 0's prompt is shorter than voice 1's
+    plan = [("a", 1, 60, 0), ("b", 1, 45, 3), ("c", 0, 70, 3)]
+    driver = ReferenceDriver(small)
+    want = {
+        sid: reference_chunks(driver, sid, voices[v], utterance(n, 20 + i))
+        for i, (sid, v, n, _) in enumerate(plan)
+    }
+    eng = engine(small)
+    got: dict[Any, list[np.ndarray]] = {}
+    reasons: dict[Any, str] = {}
+    for step in drain(eng, got, reasons, min_steps=4):
+        if step == 1:  # voice 1 is cached now: shrink the cache to exactly that entry
+            cache = eng.runner.setup_cache
+            assert voices[1].key in cache and len(cache) == 1
+            cache.budget = cache.nbytes + 1
+        for i, (sid, v, n, at) in enumerate(plan):
+            if at == step:
+                eng.add_stream(sid, voices[v])
+                eng.push_tokens(sid, utterance(n, 20 + i), last=True)
+    c, cache = eng.counters, eng.runner.setup_cache
+    assert (c.setups, c.setup_hits, c.setup_shared) == (2, 1, 0)
+    assert cache.evictions == 1 and voices[1].key not in cache and voices[0].key in cache
+    for sid, *_ in plan:
+        assert reasons[sid] == "done"
+        assert max_diff(want[sid], got[sid]) <= TOL, sid
+
+
+def test_setup_cache_off_solves_every_stream(setup, nsf) -> None:  # type: ignore[no-untyped-def]
+    small, voices = setup
+    eng = engine(small, setup_cache_mib=0)
+    toks = utterance(30, 5)
+    for sid in ("x", "y"):
+        eng.add_stream(sid, voices[2])
+        eng.push_tokens(sid, toks, last=True)
+    got: dict[Any, list[np.ndarray]] = {}
+    for _ in drain(eng, got, {}):
+        pass
+    assert len(eng.runner.setup_cache) == 0
+    c = eng.counters
+    # the two streams of one voice in one step still share one solve
+    assert (c.setups, c.setup_shared, c.setup_hits) == (1, 1, 0)
+    assert max_diff([g for g in got["x"]], got["y"]) == 0.0

@@ -8,7 +8,7 @@ from minicpm_speech_runtime.engine.state import EndReason, FrameMap, Phase, Stre
 
 
 def _stream(i: int, now: float = 0.0) -> StreamState:
-    return StreamState(f"s{i}", None, "v", 100, i, now)
+    return StreamState(f"s{i}", None, f"v{i}", 100, i, now)
 
 
 def test_host_modules_import_no_torch() -> None:
@@ -51,6 +51,19 @@ def test_setup_groups_bounded_and_in_arrival_order() -> None:
         sched.add(_stream(i))
     plan = sched.plan(0.0, max_setups=8)
     assert [[s.order for s in g] for g in plan.setup_groups] == [[0, 1, 2], [3, 4]]
+
+
+def test_cached_voices_hit_and_same_voice_streams_follow_their_leader() -> None:
+    sched = Scheduler(EngineConfig(max_streams=8, micro_batch=2))
+    voices = ["v0", "v1", "v0", "v2", "v1", "v3"]
+    for i, v in enumerate(voices):
+        st = _stream(i)
+        st.voice_key = v
+        sched.add(st)
+    plan = sched.plan(0.0, max_setups=8, cached={"v2"})
+    assert [s.order for s in plan.setup_hits] == [3]
+    assert [[s.order for s in g] for g in plan.setup_groups] == [[0, 1], [5]]
+    assert [(s.order, lead.order) for s, lead in plan.setup_followers] == [(2, 0), (4, 1)]
 
 
 def test_idle_timeout_and_cancel() -> None:

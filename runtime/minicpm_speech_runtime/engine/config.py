@@ -21,6 +21,9 @@ class EngineConfig:
     batch sizes 1, 2, 4, ... up to ``max_streams`` (setup: ``micro_batch``) by frame buckets
     (decode: 50 and 56; setup: multiples of ``setup_frame_step`` up to ``max_prompt_frames``),
     at most ``graph_budget`` graphs, captured by ``Code2WavEngine.warmup`` when ``precapture``.
+    A voice's cold setup is a pure function of the voice, so its result (prompt keys/values,
+    conv and encoder caches) is kept in an LRU of ``setup_cache_mib`` and copied to later
+    streams of that voice instead of being solved again.
     """
 
     max_streams: int = 8
@@ -34,6 +37,7 @@ class EngineConfig:
     vocoder_graphs: bool = False  # HiFT's NSF source copies a host tensor per call: eager
     setup_frame_step: int = 128
     idle_timeout_s: float = 30.0
+    setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off
 
     def __post_init__(self) -> None:
         if self.max_streams < 1:
@@ -50,6 +54,8 @@ class EngineConfig:
             raise ValueError("setup_frame_step must be >= 1")
         if self.idle_timeout_s <= 0:
             raise ValueError("idle_timeout_s must be > 0")
+        if self.setup_cache_mib < 0:
+            raise ValueError("setup_cache_mib must be >= 0")
 
     @property
     def max_chunk_frames(self) -> int:
@@ -63,5 +69,18 @@ class EngineConfig:
 
     @property
     def cache_frames(self) -> int:
-        """Physical estimator-cache positions per slot: history, one chunk, one trash frame."""
-        return self.max_prompt_frames + HISTORY_FRAMES + self.max_chunk_frames + 1
+        """Physical estimator-cache positions per slot: history, one chunk, one trash frame.
+
+        Rounded up to a multiple of 8 so the attention matmuls over the cache get aligned,
+        vectorised kernels (an odd length selects byte-aligned ones, about twice as slow).
+        """
+        return _aligned(self.max_prompt_frames + HISTORY_FRAMES + self.max_chunk_frames + 1)
+
+    @property
+    def setup_cache_frames(self) -> int:
+        """Positions of a cold-setup slot: the longest prompt and a trash frame, aligned."""
+        return _aligned(self.max_prompt_frames + 1)
+
+
+def _aligned(frames: int) -> int:
+    return -(-frames // 8) * 8

@@ -33,8 +33,10 @@ class ChunkOut:
 class EngineCounters:
     steps: int = 0
     chunks: int = 0
-    setups: int = 0
-    setup_groups: int = 0
+    setups: int = 0  # streams set up by a solve
+    setup_groups: int = 0  # batched setup solves
+    setup_hits: int = 0  # streams set up from the setup cache
+    setup_shared: int = 0  # streams set up from a same-voice stream's solve in the same step
     audio_samples: int = 0
     ended: Counter[str] = field(default_factory=Counter)
 
@@ -108,14 +110,25 @@ class Code2WavEngine:
 
     def step(self) -> list[ChunkOut]:
         with self._lock:
-            plan = self.scheduler.plan(self.clock(), self.config.max_streams)
+            plan = self.scheduler.plan(
+                self.clock(), self.config.max_streams, self.runner.setup_cache
+            )
         out = [self._end(s, reason) for s, reason in plan.ending]
+        # hits copy before any cold setup of this step can evict their entry
+        for s in plan.setup_hits:
+            self.runner.setup_from_cache(s)
+            s.phase = Phase.LIVE
+            self.counters.setup_hits += 1
         for group in plan.setup_groups:
             self.runner.setup(group)
             for s in group:
                 s.phase = Phase.LIVE
             self.counters.setups += len(group)
             self.counters.setup_groups += 1
+        for s, leader in plan.setup_followers:
+            self.runner.copy_setup(leader, s)
+            s.phase = Phase.LIVE
+            self.counters.setup_shared += 1
         if plan.decode:
             out += self._decode(plan.decode)
         self.counters.steps += 1

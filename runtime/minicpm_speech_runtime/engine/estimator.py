@@ -39,6 +39,51 @@ class SolveInputs:
     active: torch.Tensor  # [R] bool rows whose caches this solve updates
 
 
+@dataclass(slots=True)
+class BlockWeights:
+    """One DiT block's weights laid out for few, large kernels.
+
+    The adaLN modulation depends only on the timestep (the same for every row of a step), so
+    it is computed once per (step, block) and folded into the layer norms' affine parameters;
+    q, k and v are one matmul; the attention scale is folded into the q norm; the causal convs
+    are matmuls over three shifted frames, in the frames-major layout the block already uses.
+    """
+
+    ln: torch.Tensor  # [steps, 3, 2, hidden]: (attention, conv, mlp) x (weight, bias)
+    gate: torch.Tensor  # [steps, 3, hidden]: (attention, conv, mlp)
+    qkv_w: torch.Tensor  # [3 * inner, hidden]
+    qkv_b: torch.Tensor
+    q_norm: tuple[torch.Tensor, torch.Tensor]  # scaled by head_dim ** -0.5
+    k_norm: tuple[torch.Tensor, torch.Tensor]
+    conv1: torch.Tensor  # [hidden, 3 * hidden] (channel-major, tap-minor, as unfold lays out)
+    conv2: torch.Tensor
+    eps: float  # the block's three modulated norms
+    qk_eps: float
+
+
+def _block_weights(block: nn.Module, c: torch.Tensor) -> BlockWeights:
+    """``c``: [steps, hidden] timestep embeddings."""
+    mods = block.adaLN_modulation(c).view(c.shape[0], 9, -1)  # [steps, 9, hidden]
+    shift = mods[:, [0, 6, 3]]  # attention, conv, mlp (the reference's chunk order)
+    scale = mods[:, [1, 7, 4]]
+    gate = mods[:, [2, 8, 5]].contiguous()
+    attn, conv = block.attn, block.conv.block
+    s = attn.scale
+    cat = torch.cat
+    return BlockWeights(
+        ln=torch.stack([1 + scale, shift], dim=2).contiguous(),
+        gate=gate,
+        qkv_w=cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]).contiguous(),
+        qkv_b=cat([attn.to_q.bias, attn.to_k.bias, attn.to_v.bias]).contiguous(),
+        q_norm=(attn.q_norm.weight * s, attn.q_norm.bias * s),
+        k_norm=(attn.k_norm.weight, attn.k_norm.bias),
+        conv1=conv[1].weight.reshape(conv[1].weight.shape[0], -1).contiguous(),
+        conv2=conv[6].weight.reshape(conv[6].weight.shape[0], -1).contiguous(),
+        eps=block.norm1.eps,
+        qk_eps=attn.q_norm.eps,
+    )
+
+
 class BatchedEstimator:
     """Owns the estimator caches of all slots and runs the 10-step CFG Euler solve."""
 
@@ -54,12 +99,17 @@ class BatchedEstimator:
         shape = (n_timesteps, self.depth, 2 * slots, self.heads, frames, self.head_dim)
         self.k = torch.zeros(shape, dtype=p.dtype, device=p.device)
         self.v = torch.zeros(shape, dtype=p.dtype, device=p.device)
-        conv = (n_timesteps, self.depth, 2 * slots, 2 * self.hidden, 2)
+        # conv caches frames-major: [.., 2 frames, conv1 input channels + conv2 input channels]
+        conv = (n_timesteps, self.depth, 2 * slots, 2, 2 * self.hidden)
         self.conv = torch.zeros(conv, dtype=p.dtype, device=p.device)
         self.cfg_rate = float(cfm.inference_cfg_rate)
         with torch.no_grad():  # the DiT's timestep embedding builds a host tensor: not capturable
             times = self._schedule(p.device, p.dtype)
-            self.temb = torch.cat([self.est.t_embedder(t) for t, _ in times])  # [steps, hidden]
+            temb = torch.cat([self.est.t_embedder(t) for t, _ in times])  # [steps, hidden]
+            self.weights = [_block_weights(b, temb) for b in blocks]
+            final = self.est.final_layer
+            shift, scale = final.adaLN_modulation(temb).chunk(2, dim=-1)
+            self.final_ln = torch.stack([1 + scale, shift], dim=1).contiguous()  # [steps, 2, H]
 
     @property
     def nbytes(self) -> int:
@@ -95,80 +145,101 @@ class BatchedEstimator:
     def solve(self, s: SolveInputs) -> torch.Tensor:
         """Euler-integrate ``s.x``; returns [n, 80, F]. Mirrors ``solve_euler_chunk``."""
         x = s.x
-        mu_in = _interleave(s.mu)
-        spk_in = _interleave(s.spk)
-        cond_in = _interleave(s.cond)
+        # the conditioning half of the DiT input never changes during a solve: build it once
+        spk_t = s.spk[:, :, None].expand(-1, -1, x.shape[2])
+        cond = _interleave(torch.cat([s.mu, spk_t, s.cond], dim=1))  # [R, 240, F]
+        inputs = torch.cat([x.repeat_interleave(2, 0), cond], dim=1).transpose(1, 2)
+        key_bias = torch.zeros(s.key_mask.shape, dtype=x.dtype, device=x.device)
+        key_bias.masked_fill_(~s.key_mask, float("-inf"))
+        r = torch.arange(inputs.shape[0], device=x.device)[:, None].expand(-1, x.shape[2])
+        rows = (r, s.write_pos)
         for step, (_, dt) in enumerate(self._schedule(s.x.device, s.x.dtype)):
-            out = self.forward(step, x.repeat_interleave(2, 0), mu_in, spk_in, cond_in, s)
-            d = out.view(x.shape[0], 2, *out.shape[1:])  # [n, 2, 80, F]: CFG rows adjacent
+            if step:
+                inputs[:, :, :80] = x.repeat_interleave(2, 0).transpose(1, 2)
+            out = self.forward(step, inputs, key_bias, rows, s)
+            d = out.view(x.shape[0], 2, *out.shape[1:])  # [n, 2, F, 80]: CFG rows adjacent
             dphi = (1.0 + self.cfg_rate) * d[:, 0] - self.cfg_rate * d[:, 1]
-            x = x + dt * dphi
+            x = x + dt * dphi.transpose(1, 2)
         return x
 
     def forward(
         self,
         step: int,
-        x: torch.Tensor,  # [R, 80, F]
-        mu: torch.Tensor,
-        spk: torch.Tensor,  # [R, 80]
-        cond: torch.Tensor,
+        h: torch.Tensor,  # [R, F, 320] noisy mel, mu, speaker, cond
+        key_bias: torch.Tensor,  # [R, 1, 1, T] 0 for valid keys, -inf otherwise
+        rows: tuple[torch.Tensor, torch.Tensor],  # (row, write position) per new frame
         s: SolveInputs,
     ) -> torch.Tensor:
+        """The DiT for one Euler step; returns the velocity [R, F, 80]."""
         est = self.est
-        c = self.temb[step].expand(x.shape[0], -1).unsqueeze(1)  # [R, 1, hidden]
-        spk_t = spk[:, :, None].expand(-1, -1, x.shape[2])
-        h = torch.cat([x, mu, spk_t, cond], dim=1).transpose(1, 2)  # [R, F, 320]
         h = est.in_proj(h)
-        for b, block in enumerate(est.blocks):
-            h = self.block(step, b, block, h, c, s)
-        return est.final_layer(h, c).transpose(1, 2)
+        for b, w in enumerate(self.weights):
+            h = self.block(step, b, w, h, key_bias, rows, s)
+        ln = self.final_ln[step]
+        h = F.layer_norm(h, (self.hidden,), ln[0], ln[1], est.final_layer.norm_final.eps)
+        return est.final_layer.linear(h)
 
     def block(
-        self, step: int, b: int, block: nn.Module, x: torch.Tensor, c: torch.Tensor, s: SolveInputs
+        self,
+        step: int,
+        b: int,
+        w: BlockWeights,
+        x: torch.Tensor,
+        key_bias: torch.Tensor,
+        rows: tuple[torch.Tensor, torch.Tensor],
+        s: SolveInputs,
     ) -> torch.Tensor:
-        mods = block.adaLN_modulation(c).chunk(9, dim=-1)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods[:6]
-        shift_conv, scale_conv, gate_conv = mods[6:]
-        x = x + gate_msa * self.attention(
-            step, b, block.attn, _mod(block.norm1(x), shift_msa, scale_msa), s
-        )
-        x = x + gate_conv * self.conv_block(
-            step, b, block.conv, _mod(block.norm3(x), shift_conv, scale_conv), s
-        )
-        return x + gate_mlp * block.mlp(_mod(block.norm2(x), shift_mlp, scale_mlp))
+        ln, gate, hid = w.ln[step], w.gate[step], (self.hidden,)
+        h = F.layer_norm(x, hid, ln[0, 0], ln[0, 1], w.eps)
+        x = torch.addcmul(x, gate[0], self.attention(step, b, w, h, key_bias, rows, s))
+        h = F.layer_norm(x, hid, ln[1, 0], ln[1, 1], w.eps)
+        x = torch.addcmul(x, gate[1], self.conv_block(step, b, w, h, s))
+        h = F.layer_norm(x, hid, ln[2, 0], ln[2, 1], w.eps)
+        return torch.addcmul(x, gate[2], self.est.blocks[b].mlp(h))
 
     def attention(
-        self, step: int, b: int, attn: nn.Module, x: torch.Tensor, s: SolveInputs
+        self,
+        step: int,
+        b: int,
+        w: BlockWeights,
+        x: torch.Tensor,
+        key_bias: torch.Tensor,
+        rows: tuple[torch.Tensor, torch.Tensor],
+        s: SolveInputs,
     ) -> torch.Tensor:
-        rows, frames, _ = x.shape
-        q = attn.q_norm(attn.to_heads(attn.to_q(x)))  # [R, H, F, D]
-        k = attn.k_norm(attn.to_heads(attn.to_k(x)))
-        v = attn.to_heads(attn.to_v(x))
+        n, frames, _ = x.shape
+        hd, d = (self.heads, self.head_dim), (self.head_dim,)
+        q, k, v = F.linear(x, w.qkv_w, w.qkv_b).view(n, frames, 3, *hd).unbind(2)  # [R, F, H, D]
+        q = F.layer_norm(q, d, *w.q_norm, w.qk_eps)
+        k = F.layer_norm(k, d, *w.k_norm, w.qk_eps)
         k_cache = self.k[step, b, 2 * s.lo : 2 * s.hi]  # [R, H, T, D] view of the slot range
         v_cache = self.v[step, b, 2 * s.lo : 2 * s.hi]
-        r = torch.arange(rows, device=x.device)[:, None].expand(rows, frames)
-        k_cache[r, :, s.write_pos] = k.transpose(1, 2)  # in place: [R, F, H, D]
-        v_cache[r, :, s.write_pos] = v.transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=s.key_mask)
-        return attn.proj(o.transpose(1, 2).reshape(rows, frames, -1))
+        k_cache[rows[0], :, rows[1]] = k  # in place
+        v_cache[rows[0], :, rows[1]] = v
+        # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
+        # attention kernels run on the SIMT units and were the step's largest cost
+        scores = torch.matmul(q.transpose(1, 2), k_cache.transpose(2, 3))  # [R, H, F, T]
+        scores = torch.softmax(scores.add_(key_bias), dim=-1)
+        o = torch.matmul(scores, v_cache)  # [R, H, F, D]
+        return self.est.blocks[b].attn.proj(o.transpose(1, 2).reshape(n, frames, -1))
 
     def conv_block(
-        self, step: int, b: int, conv: nn.Module, x: torch.Tensor, s: SolveInputs
+        self, step: int, b: int, w: BlockWeights, x: torch.Tensor, s: SolveInputs
     ) -> torch.Tensor:
         """``CausalConvBlock.forward_chunk`` on ragged rows; caches updated for active rows."""
-        cache = self.conv[step, b, 2 * s.lo : 2 * s.hi]  # [R, 2 * hidden, 2]
-        c1, c2 = cache.split((conv.in_channels, conv.out_channels), dim=1)
-        conv1, conv2 = conv.block[1], conv.block[6]
-        y = torch.cat([c1, x.transpose(1, 2)], dim=2)  # [R, C, 2 + F]
+        cache = self.conv[step, b, 2 * s.lo : 2 * s.hi]  # [R, 2, 2 * hidden]
+        c1, c2 = cache.split(self.hidden, dim=2)
+        block = self.est.blocks[b].conv.block
+        y = torch.cat([c1, x], dim=1)  # [R, 2 + F, C]
         new1 = _last_two(y, s.last_idx)
-        y = F.conv1d(y, conv1.weight, conv1.bias)
-        y = conv.block[2:6](y)
-        y = torch.cat([c2, y], dim=2)
+        y = _causal_conv(y, w.conv1, block[1].bias)
+        y = block[4](block[3](y))  # LayerNorm, Mish
+        y = torch.cat([c2, y], dim=1)
         new2 = _last_two(y, s.last_idx)
-        y = F.conv1d(y, conv2.weight, conv2.bias)
-        new = torch.cat([new1, new2], dim=1)
-        cache.copy_(torch.where(s.active[:, None, None], new, cache))
-        return y.transpose(1, 2)
+        y = _causal_conv(y, w.conv2, block[6].bias)
+        new = torch.cat([new1, new2], dim=2)
+        torch.where(s.active[:, None, None], new, cache, out=cache)
+        return y
 
 
 class GraphedSolve:
@@ -257,16 +328,18 @@ class GraphedSolve:
         self.mask[..., self.trash] = True
 
 
-def _mod(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
-
-
 def _interleave(a: torch.Tensor) -> torch.Tensor:
     """[n, ...] -> [2n, ...] as (row, zeros) pairs: the conditional and unconditional rows."""
     return torch.stack([a, torch.zeros_like(a)], dim=1).flatten(0, 1)
 
 
 def _last_two(y: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """y: [R, C, 2 + F] (2 cache frames first); the 2 frames before each row's end -> [R, C, 2]."""
+    """y: [R, 2 + F, C] (2 cache frames first); the 2 frames before each row's end -> [R, 2, C]."""
     idx = n[:, None] + torch.arange(2, device=y.device)  # positions n, n+1 in cache-prefixed time
-    return y.gather(2, idx[:, None, :].expand(-1, y.shape[1], -1))
+    return y.gather(1, idx[:, :, None].expand(-1, -1, y.shape[2]))
+
+
+def _causal_conv(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A kernel-3 conv over [R, 2 + F, C] (cache frames first) as one matmul -> [R, F, C_out]."""
+    taps = y.unfold(1, 3, 1)  # [R, F, C, 3]: channel-major, tap-minor, as ``weight`` is flattened
+    return F.linear(taps.reshape(*taps.shape[:2], -1), weight, bias)

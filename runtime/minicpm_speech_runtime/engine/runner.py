@@ -29,6 +29,7 @@ from .config import (
 )
 from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
 from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
+from .setup_cache import SetupCache, VoiceSetup, clone_tree
 from .state import Chunk, FrameMap, StreamState
 from .vocoder import BatchedVocoder, VocoderCache
 
@@ -62,7 +63,7 @@ class Runner:
             self.flow.decoder, config.max_streams, config.cache_frames, steps
         )
         self.setup_estimator = BatchedEstimator(
-            self.flow.decoder, config.micro_batch, config.max_prompt_frames + 1, steps
+            self.flow.decoder, config.micro_batch, config.setup_cache_frames, steps
         )
         if graph_backend is None and config.cuda_graphs and models.device.type == "cuda":
             graph_backend = CudaGraphBackend(models.device)
@@ -84,6 +85,7 @@ class Runner:
         )
         hift_sizes = decode_sizes if config.vocoder_graphs else None
         self.vocoder = BatchedVocoder(models.hift, models.device, self.graphs, hift_sizes)
+        self.setup_cache = SetupCache(config.setup_cache_mib * 2**20)
         self.owner: list[StreamState | None] = [None] * config.max_streams
         self.streams: dict[object, DeviceStream] = {}
         self.slot_moves = 0
@@ -151,6 +153,49 @@ class Runner:
             self._solve(self.setup_solve, rows, mus, conds, offsets=[0] * len(group))
             for j, s in enumerate(group):
                 self._adopt(j, s.slot)
+        if self.setup_cache.budget:
+            for s in group:
+                self.setup_cache.put(s.voice_key, self._snapshot(s))
+
+    @torch.inference_mode()
+    def setup_from_cache(self, s: StreamState) -> None:
+        """A stream of a voice the setup cache holds starts from a copy: no solve."""
+        entry = self.setup_cache.get(s.voice_key)
+        if entry is None:
+            raise KeyError(f"voice {s.voice_key!r} is not in the setup cache")
+        self._restore(s, entry)
+
+    @torch.inference_mode()
+    def copy_setup(self, leader: StreamState, s: StreamState) -> None:
+        """A stream of the same voice as ``leader``, set up in this step, starts from its copy."""
+        self._restore(s, self._snapshot(leader))
+
+    def _snapshot(self, s: StreamState) -> VoiceSetup:
+        est, p, rows = self.estimator, s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)
+        d = self.streams[s.stream_id]
+        return VoiceSetup(
+            est.k[:, :, rows, :, :p].clone(),
+            est.v[:, :, rows, :, :p].clone(),
+            est.conv[:, :, rows].clone(),
+            clone_tree(self._encoder_state(d)),
+        )
+
+    def _restore(self, s: StreamState, entry: VoiceSetup) -> None:
+        est, p, rows = self.estimator, s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)
+        est.k[:, :, rows, :, :p].copy_(entry.k)
+        est.v[:, :, rows, :, :p].copy_(entry.v)
+        est.conv[:, :, rows].copy_(entry.conv)
+        d = self.streams[s.stream_id]
+        d.frames.setup()
+        self._set_encoder_state(d, clone_tree(entry.encoder))
+
+    @staticmethod
+    def _encoder_state(d: DeviceStream) -> object:
+        return (d.enc_cnn, d.enc_att)
+
+    @staticmethod
+    def _set_encoder_state(d: DeviceStream, state: object) -> None:
+        d.enc_cnn, d.enc_att = state  # type: ignore[misc]
 
     def _adopt(self, src: int, dst: int) -> None:
         """Copy a scratch slot's caches (prompt positions, conv state) into a stream's slot."""

@@ -1,12 +1,17 @@
 """Which streams set up and which decode in the next step. CPU only: no torch import.
 
-A step is: end streams that must end (cancel, bad input, idle timeout), set up new voices in
-groups of at most ``micro_batch`` (arrival order), then decode one chunk for every live stream
-that has one ready, new streams' first chunks in the same solve as continuing streams.
+A step is: end streams that must end (cancel, bad input, idle timeout), set up new streams,
+then decode one chunk for every live stream that has one ready, new streams' first chunks in the
+same solve as continuing streams.
+
+Setting up: a new stream whose voice is in the setup cache takes a copy (a hit); of the rest,
+the first stream of each voice is set up cold, in groups of at most ``micro_batch`` (arrival
+order), and later streams of the same voice copy their leader's result (followers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from .config import EngineConfig
@@ -16,12 +21,14 @@ from .state import Chunk, EndReason, Phase, StreamState
 @dataclass(slots=True)
 class StepPlan:
     ending: list[tuple[StreamState, EndReason]] = field(default_factory=list)
+    setup_hits: list[StreamState] = field(default_factory=list)
     setup_groups: list[list[StreamState]] = field(default_factory=list)
+    setup_followers: list[tuple[StreamState, StreamState]] = field(default_factory=list)
     decode: list[tuple[StreamState, Chunk]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
-        return not (self.ending or self.setup_groups or self.decode)
+        return not (self.ending or self.setup_hits or self.setup_groups or self.decode)
 
 
 class Scheduler:
@@ -39,7 +46,8 @@ class Scheduler:
         self.cancelled.discard(stream_id)
         return self.streams.pop(stream_id)
 
-    def plan(self, now: float, max_setups: int) -> StepPlan:
+    def plan(self, now: float, max_setups: int, cached: Container[str] = frozenset()) -> StepPlan:
+        """``cached``: voice keys the setup cache holds now."""
         plan = StepPlan()
         ordered = sorted(self.streams.values(), key=lambda s: s.order)
         for s in ordered:
@@ -49,8 +57,16 @@ class Scheduler:
         ending = {id(s) for s, _ in plan.ending}
         alive = [s for s in ordered if id(s) not in ending]
         new = [s for s in alive if s.phase is Phase.NEW][:max_setups]
-        mb = self.config.micro_batch
-        plan.setup_groups = [new[i : i + mb] for i in range(0, len(new), mb)]
+        leaders: dict[str, StreamState] = {}
+        for s in new:
+            if s.voice_key in cached:
+                plan.setup_hits.append(s)
+            elif s.voice_key in leaders:
+                plan.setup_followers.append((s, leaders[s.voice_key]))
+            else:
+                leaders[s.voice_key] = s
+        cold, mb = list(leaders.values()), self.config.micro_batch
+        plan.setup_groups = [cold[i : i + mb] for i in range(0, len(cold), mb)]
         starting = {id(s) for s in new}
         for s in alive:
             if s.phase is Phase.LIVE or id(s) in starting:

@@ -1,0 +1,143 @@
+"""Where a batched engine step spends its time, part by part, on one device.
+
+Times every precaptured graph (decode solves, setup solves, vocoder) by replaying it, the
+encoder per stream, HiFT eager at several batch sizes, and lists the top kernels of one eager
+decode solve and one eager setup solve. Prints a table and writes JSON.
+
+Usage::
+
+    python -m minicpm_speech_runtime.bench.engine_profile --generate real \
+        --campplus-onnx .bench-assets/campplus.onnx --json /tmp/profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..assets import load_code2wav
+from ..checkpoint import REAL, TINY, write_random_checkpoint
+from ..engine import Code2WavEngine, EngineConfig
+from ..engine.graphs import GraphKey
+from .parity import make_voices, utterance
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_ms(fn: Callable[[], Any], reps: int = 10) -> float:
+    fn()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def top_kernels(fn: Callable[[], Any], n: int = 12) -> list[dict[str, Any]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        fn()
+        _sync()
+    rows = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0)
+        if dev_us and e.device_type.name == "CUDA":
+            rows.append({"kernel": e.key[:90], "calls": e.count, "ms": dev_us / 1e3})
+    rows.sort(key=lambda r: -r["ms"])
+    total = sum(r["ms"] for r in rows)
+    return [{"total_kernel_ms": total, "kernels": sum(r["calls"] for r in rows)}, *rows[:n]]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="per-part timing of the batched Code2Wav engine")
+    p.add_argument("--generate", choices=["tiny", "real"], default="real")
+    p.add_argument("--campplus-onnx", type=Path)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/engine-profile"))
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--max-streams", type=int, default=64)
+    a = p.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    spec = REAL if a.generate == "real" else TINY
+    folder = write_random_checkpoint(a.workdir / "ckpt", spec, 0, a.campplus_onnx)
+    models = load_code2wav(folder, dev)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    voices = make_voices(models, [3.0, 6.5, 10.0])
+    cfg = EngineConfig(max_streams=a.max_streams, micro_batch=8)
+    eng = Code2WavEngine(models, cfg)
+    t0 = time.perf_counter()
+    eng.warmup()
+    res: dict[str, Any] = {"precapture_s": time.perf_counter() - t0, "graphs": {}}
+    for key, replay in sorted(eng.runner.graphs.graphs.items()):
+        res["graphs"][f"{key.kind}/{key.batch}/{key.frames}/{key.extra}"] = timed_ms(replay)
+
+    # the encoder, one stream at a time, as the runner calls it (warm cache of prompt + history)
+    from ..engine.state import StreamState
+
+    s = StreamState("p", voices[1], voices[1].key, int(voices[1].prompt_mels.shape[1]), 0, 0.0)
+    eng.runner.attach(s)
+    with torch.inference_mode():
+        eng.runner._encode_prompt(s)
+        toks = torch.tensor([utterance(28, 0)], dtype=torch.int32, device=dev)
+        for _ in range(6):  # grow the attention cache to its steady length
+            eng.runner._encode(s, toks, False)
+        d = eng.runner.streams["p"]
+        cnn, att = d.enc_cnn, d.enc_att
+
+        def encode_once() -> None:
+            d.enc_cnn, d.enc_att = cnn, att
+            eng.runner._encode(s, toks, False)
+
+        res["encoder_chunk_ms"] = timed_ms(encode_once)
+        res["encoder_prompt_ms"] = timed_ms(lambda: _fresh_prompt(eng, s))
+        mel = torch.randn(64, 80, 58, device=dev)
+        src = torch.zeros(64, 1, 3840, device=dev)
+        res["hift_eager_ms"] = {
+            b: timed_ms(lambda b=b: models.hift(mel[:b], src[:b]), 5) for b in (1, 8, 32, 64)
+        }
+        solve = eng.runner.decode_solve
+        key = GraphKey("decode", min(32, a.max_streams), 50)
+        res["decode_eager_kernels"] = top_kernels(lambda: solve.est.solve(solve._views(key)))
+        sk = GraphKey("setup", 8, 384)
+        ssolve = eng.runner.setup_solve
+        res["setup_eager_kernels"] = top_kernels(lambda: ssolve.est.solve(ssolve._views(sk)))
+        res["encoder_kernels"] = top_kernels(encode_once)
+        res["hift32_kernels"] = top_kernels(lambda: models.hift(mel[:32], src[:32]))
+    res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0
+    a.json.write_text(json.dumps(res, indent=1, default=str))
+    for k, v in res.items():
+        if isinstance(v, list):
+            print(f"== {k}")
+            for r in v:
+                print("  ", r)
+        elif isinstance(v, dict):
+            print(f"== {k}")
+            for kk, vv in v.items():
+                print(f"   {kk!s:28} {vv:.3f}" if isinstance(vv, float) else f"   {kk} {vv}")
+        else:
+            print(f"{k}: {v}")
+
+
+def _fresh_prompt(eng: Code2WavEngine, s: Any) -> None:
+    d = eng.runner.streams[s.stream_id]
+    d.enc_cnn = d.enc_att = None
+    eng.runner._encode_prompt(s)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()

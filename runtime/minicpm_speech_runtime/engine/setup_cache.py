@@ -1,0 +1,98 @@
+"""Set-up voices kept on the device, least recently used first out, within a byte budget.
+
+A cold setup (the prompt's encoder pass and its 10-step solve) depends on nothing but the voice:
+the CFM noise it starts from is the same fixed tensor for every stream. So its result can be
+copied to any later stream of that voice, which then starts with no solve at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(slots=True)
+class VoiceSetup:
+    """One voice's caches right after its setup (prompt positions only)."""
+
+    k: torch.Tensor  # [steps, depth, 2 rows, heads, prompt frames, head_dim]
+    v: torch.Tensor
+    conv: torch.Tensor  # [steps, depth, 2 rows, 2, 2 * hidden]
+    encoder: Any  # the stream's encoder caches, cloned
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in _tensors(self))
+
+
+class SetupCache:
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.entries: OrderedDict[str, VoiceSetup] = OrderedDict()
+        self.hits = self.misses = self.evictions = 0
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    def get(self, key: str) -> VoiceSetup | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def put(self, key: str, entry: VoiceSetup) -> bool:
+        """Keep ``entry``, evicting the least recently used; False if it alone is too big."""
+        size = entry.nbytes
+        if size > self.budget:
+            return False
+        self.entries.pop(key, None)
+        used = self.nbytes
+        while self.entries and used + size > self.budget:
+            _, old = self.entries.popitem(last=False)
+            used -= old.nbytes
+            self.evictions += 1
+        self.entries[key] = entry
+        return True
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+def clone_tree(obj: Any) -> Any:
+    """A deep copy of tensors inside dataclasses, tuples, lists and dicts (others kept)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: clone_tree(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **fields)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(clone_tree(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: clone_tree(v) for k, v in obj.items()}
+    return obj
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
+    if isinstance(obj, (tuple, list)):
+        return [t for x in obj for t in _tensors(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensors(x)]
+    return []
