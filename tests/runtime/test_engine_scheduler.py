@@ -53,6 +53,16 @@ def test_setup_groups_bounded_and_in_arrival_order() -> None:
     assert [[s.order for s in g] for g in plan.setup_groups] == [[0, 1, 2], [3, 4]]
 
 
+def test_setup_groups_gather_similar_prompt_lengths() -> None:
+    sched = Scheduler(EngineConfig(max_streams=8, micro_batch=2))
+    for i, frames in enumerate([480, 120, 500, 130]):
+        st = _stream(i)
+        st.prompt_frames = frames
+        sched.add(st)
+    plan = sched.plan(0.0, max_setups=8)
+    assert [[s.order for s in g] for g in plan.setup_groups] == [[1, 3], [0, 2]]
+
+
 def test_cached_voices_hit_and_same_voice_streams_follow_their_leader() -> None:
     sched = Scheduler(EngineConfig(max_streams=8, micro_batch=2))
     voices = ["v0", "v1", "v0", "v2", "v1", "v3"]

@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import platform
@@ -137,7 +138,7 @@ class Loop:
         sid = self.next
         self.next += 1
         self.sent[sid], self.start[sid] = 0, time.perf_counter()
-        return sid, self.voices[sid % len(self.voices)]
+        return sid, cold(self.voices[sid % len(self.voices)], sid)
 
     def piece(self, sid: int) -> tuple[list[int], bool]:
         toks = utterance(UTT_TOKENS, sid)[self.sent[sid] : self.sent[sid] + PIECE]
@@ -165,6 +166,34 @@ class Loop:
         }
 
 
+def cold(voice: Any, sid: int) -> Any:
+    """The voice under a key of its own: the engine sets it up from scratch (no cache, no share)."""
+    return dataclasses.replace(voice, key=f"{voice.key}#{sid}")
+
+
+def setup_burst(models: Code2WavModels, voices: list[Any], n: int) -> dict[str, Any]:
+    """``n`` cold voices arriving together: the step that sets them all up, timed."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    cfg = EngineConfig(max_streams=n, micro_batch=min(8, n), setup_cache_mib=0)
+    eng = Code2WavEngine(models, cfg)
+    eng.warmup()
+    res: dict[str, Any] = {"voices": n, "micro_batch": cfg.micro_batch, "runs_ms": []}
+    for rep in range(3):
+        for i in range(n):
+            eng.add_stream((rep, i), cold(voices[i % len(voices)], 1000 * rep + i))
+        _sync()
+        t0 = time.perf_counter()
+        eng.step()  # no tokens yet: the step is the setups alone
+        _sync()
+        res["runs_ms"].append((time.perf_counter() - t0) * 1e3)
+        for i in range(n):
+            eng.cancel((rep, i))
+        eng.step()
+    res["setup_ms"] = min(res["runs_ms"][1:])
+    res["graphs"] = eng.graph_stats()
+    return res
+
+
 def _ms(x: float | None) -> float | None:
     return None if x is None else x * 1e3
 
@@ -173,7 +202,10 @@ def run_engine(
     models: Code2WavModels, voices: list[Any], conc: int, window: float, peak: float, graphs: bool
 ) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    cfg = EngineConfig(max_streams=conc, micro_batch=min(8, conc), cuda_graphs=graphs)
+    # every stream is a cold voice here, so the setup cache could only cost memory
+    cfg = EngineConfig(
+        max_streams=conc, micro_batch=min(8, conc), cuda_graphs=graphs, setup_cache_mib=0
+    )
     eng = Code2WavEngine(models, cfg)
     _sync()
     t0 = time.perf_counter()
@@ -346,6 +378,7 @@ def main() -> None:
     graphs = a.graphs == "on"
     _stage(res, "parity", lambda: parity(models, voices[:3], graphs))
     _stage(res, "matmul_peak", matmul_peak)
+    _stage(res, "setup_burst_32", lambda: setup_burst(models, voices, 32))
     peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
     res["engine"], res["reference"] = {}, {}
     for c in [int(x) for x in a.conc.split(",")]:
@@ -388,6 +421,8 @@ def _save(res: dict[str, Any], path: Path) -> None:
 def _table(res: dict[str, Any]) -> None:
     print(json.dumps(res.get("parity"), default=str))
     print(json.dumps(res.get("matmul_peak"), default=str))
+    burst = res.get("setup_burst_32", {})
+    print("32 cold voices set up in one step:", _fmt(burst.get("setup_ms")), "ms")
     keys = (
         "audio_s_per_s",
         "first_audio_p50_ms",

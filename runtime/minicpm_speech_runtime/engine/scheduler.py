@@ -5,8 +5,10 @@ then decode one chunk for every live stream that has one ready, new streams' fir
 same solve as continuing streams.
 
 Setting up: a new stream whose voice is in the setup cache takes a copy (a hit); of the rest,
-the first stream of each voice is set up cold, in groups of at most ``micro_batch`` (arrival
-order), and later streams of the same voice copy their leader's result (followers).
+the first stream of each voice is set up cold, in groups of at most ``micro_batch``, and later
+streams of the same voice copy their leader's result (followers). Every group of a step is
+solved within that step, so groups are formed by prompt length (arrival order among equals):
+a group is padded to its longest prompt, and similar lengths waste the least.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Scheduler:
                 plan.setup_followers.append((s, leaders[s.voice_key]))
             else:
                 leaders[s.voice_key] = s
-        cold, mb = list(leaders.values()), self.config.micro_batch
+        cold = sorted(leaders.values(), key=lambda s: (s.prompt_frames, s.order))
+        mb = self.config.micro_batch
         plan.setup_groups = [cold[i : i + mb] for i in range(0, len(cold), mb)]
         starting = {id(s) for s in new}
         for s in alive:
