@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from ..assets import Code2WavModels
 from .config import (
     CHUNK_TOKENS,
-    HISTORY_FRAMES,
     LOOKAHEAD_TOKENS,
     PROMPT_PAD_TOKEN,
     EngineConfig,
 )
+from .encoder import BatchedEncoder, EncoderCache
 from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
 from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
-from .setup_cache import SetupCache, VoiceSetup, clone_tree
+from .setup_cache import SetupCache, VoiceSetup
 from .state import Chunk, FrameMap, StreamState
 from .vocoder import BatchedVocoder, VocoderCache
 
@@ -45,8 +45,7 @@ class DeviceStream:
     prompt_frames: int
     frames: FrameMap
     vocoder: VocoderCache
-    enc_cnn: torch.Tensor | None = None  # conformer conv caches, reference layout
-    enc_att: torch.Tensor | None = None  # conformer attention caches, reference layout
+    encoder: EncoderCache  # a slot of the batched encoder's cache slab
 
 
 class Runner:
@@ -83,6 +82,9 @@ class Runner:
             batch_grid(config.micro_batch),
             config.setup_frame_buckets,
         )
+        self.encoder = BatchedEncoder(
+            self.flow, models.device, config.max_streams, config.max_prompt_frames
+        )
         hift_sizes = decode_sizes if config.vocoder_graphs else None
         self.vocoder = BatchedVocoder(models.hift, models.device, self.graphs, hift_sizes)
         self.setup_cache = SetupCache(config.setup_cache_mib * 2**20)
@@ -116,11 +118,11 @@ class Runner:
         spk = self.flow.spk_embed_affine_layer(F.normalize(s.voice.spk_emb, dim=1))
         fm = FrameMap(s.prompt_frames, self.trash)
         self.streams[s.stream_id] = DeviceStream(
-            spk[0], s.prompt_frames, fm, VocoderCache.empty(self.device)
+            spk[0], s.prompt_frames, fm, VocoderCache.empty(self.device), self.encoder.new_cache()
         )
 
     def detach(self, s: StreamState) -> None:
-        self.streams.pop(s.stream_id)
+        self.encoder.release(self.streams.pop(s.stream_id).encoder)
         hole, top = s.slot, self.num_live  # num_live already excludes s
         self.owner[hole] = None
         if hole != top:
@@ -142,7 +144,7 @@ class Runner:
     def setup(self, group: list[StreamState]) -> None:
         """The reference's ``setup_cache`` for a group of new streams, one batched solve."""
         with self._phase("setup_encode"):
-            mus = [self._encode_prompt(s) for s in group]
+            mus = self._encode(group, [self._prompt_tokens(s) for s in group], [False] * len(group))
         conds = [s.voice.prompt_mels[0].transpose(0, 1) for s in group]  # [80, P]
         rows: list[Row] = []
         for j, s in enumerate(group):
@@ -177,7 +179,7 @@ class Runner:
             est.k[:, :, rows, :, :p].clone(),
             est.v[:, :, rows, :, :p].clone(),
             est.conv[:, :, rows].clone(),
-            clone_tree(self._encoder_state(d)),
+            self.encoder.export_state(d.encoder),
         )
 
     def _restore(self, s: StreamState, entry: VoiceSetup) -> None:
@@ -187,15 +189,7 @@ class Runner:
         est.conv[:, :, rows].copy_(entry.conv)
         d = self.streams[s.stream_id]
         d.frames.setup()
-        self._set_encoder_state(d, clone_tree(entry.encoder))
-
-    @staticmethod
-    def _encoder_state(d: DeviceStream) -> object:
-        return (d.enc_cnn, d.enc_att)
-
-    @staticmethod
-    def _set_encoder_state(d: DeviceStream, state: object) -> None:
-        d.enc_cnn, d.enc_att = state  # type: ignore[misc]
+        self.encoder.import_state(d.encoder, entry.encoder)
 
     def _adopt(self, src: int, dst: int) -> None:
         """Copy a scratch slot's caches (prompt positions, conv state) into a stream's slot."""
@@ -204,34 +198,36 @@ class Runner:
             dbuf[:, :, 2 * dst : 2 * dst + 2, :, :p].copy_(sbuf[:, :, 2 * src : 2 * src + 2, :, :p])
         b.conv[:, :, 2 * dst : 2 * dst + 2].copy_(a.conv[:, :, 2 * src : 2 * src + 2])
 
-    def _encode_prompt(self, s: StreamState) -> torch.Tensor:
-        tok = s.voice.prompt_tokens
-        pad = torch.full(
-            (1, LOOKAHEAD_TOKENS), PROMPT_PAD_TOKEN, dtype=tok.dtype, device=tok.device
-        )
-        return self._encode(s, torch.cat([tok, pad], dim=1), last=False)
+    @staticmethod
+    def _prompt_tokens(s: StreamState) -> torch.Tensor:
+        """The prompt's tokens and the reference's pad for its lookahead."""
+        tok = s.voice.prompt_tokens[0]
+        pad = torch.full((LOOKAHEAD_TOKENS,), PROMPT_PAD_TOKEN, dtype=tok.dtype, device=tok.device)
+        return torch.cat([tok, pad])
 
-    def _encode(self, s: StreamState, tokens: torch.Tensor, last: bool) -> torch.Tensor:
-        """Encoder ``forward_chunk`` for one stream; returns mu [80, frames]."""
-        d = self.streams[s.stream_id]
-        xs = self.flow.input_embedding(tokens)
-        h, d.enc_cnn, att = self.flow.encoder.forward_chunk(xs, last, d.enc_cnn, d.enc_att)
-        d.enc_att = _truncate(att, d.prompt_frames, dim=3)
-        return self.flow.encoder_proj(h)[0].transpose(0, 1)
+    def _encode(
+        self, streams: list[StreamState], tokens: list[torch.Tensor], last: list[bool]
+    ) -> list[torch.Tensor]:
+        """Encoder ``forward_chunk`` for every stream in one batched pass; mu [80, frames] each."""
+        ds = [self.streams[s.stream_id] for s in streams]
+        return self.encoder.encode(
+            [d.encoder for d in ds], tokens, last, [d.prompt_frames for d in ds]
+        )
 
     # decode
     @torch.inference_mode()
     def decode(self, batch: list[tuple[StreamState, Chunk]]) -> list[torch.Tensor]:
         """One chunk for each stream: encoder, one batched solve, one vocoder pass per length."""
-        mus, offsets, rows = [], [], []
+        offsets, rows = [], []
         with self._phase("decode_encode"):
-            for s, chunk in batch:
-                tok = torch.tensor([chunk.tokens], dtype=torch.int32, device=self.device)
-                mus.append(self._encode(s, tok, chunk.last))
+            streams = [s for s, _ in batch]
+            tokens = [torch.tensor(c.tokens, dtype=torch.int32) for _, c in batch]
+            mus = self._encode(streams, tokens, [c.last for _, c in batch])
+            for s, mu in zip(streams, mus, strict=True):
                 fm = self.streams[s.stream_id].frames
                 offsets.append(fm.length)
                 spk = self.streams[s.stream_id].spk
-                rows.append((s.slot, spk, fm.append_chunk(mus[-1].shape[1]), fm.logical))
+                rows.append((s.slot, spk, fm.append_chunk(mu.shape[1]), fm.logical))
         conds = [torch.zeros_like(m) for m in mus]
         with self._phase("decode_solve"):
             mels = self._solve(self.decode_solve, rows, mus, conds, offsets)
@@ -311,15 +307,6 @@ class Runner:
     def precapture(self) -> int:
         """Capture the whole grid: decode solves first, then the vocoder, then setup solves."""
         return self.graphs.precapture(("decode", "hift", "setup"))
-
-
-def _truncate(att: torch.Tensor, prompt: int, dim: int) -> torch.Tensor:
-    """The reference's history cut: keep the first ``prompt`` and the last 100 entries."""
-    if att.shape[dim] <= prompt + HISTORY_FRAMES:
-        return att
-    head = att.narrow(dim, 0, prompt)
-    tail = att.narrow(dim, att.shape[dim] - HISTORY_FRAMES, HISTORY_FRAMES)
-    return torch.cat([head, tail], dim=dim)
 
 
 def _sync(device: torch.device) -> None:
