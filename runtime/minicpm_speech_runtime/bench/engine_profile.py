@@ -85,25 +85,30 @@ def main() -> None:
     for key, replay in sorted(eng.runner.graphs.graphs.items()):
         res["graphs"][f"{key.kind}/{key.batch}/{key.frames}/{key.extra}"] = timed_ms(replay)
 
-    # the encoder, one stream at a time, as the runner calls it (warm cache of prompt + history)
+    # the batched encoder at steady cache length (prompt + 100 after the cut), n streams at once
     from ..engine.state import StreamState
 
-    s = StreamState("p", voices[1], voices[1].key, int(voices[1].prompt_mels.shape[1]), 0, 0.0)
-    eng.runner.attach(s)
+    streams = []
+    for i in range(a.max_streams):
+        v = voices[i % len(voices)]
+        st = StreamState(i, v, f"{v.key}#{i}", int(v.prompt_mels.shape[1]), i, 0.0)
+        eng.runner.attach(st)
+        streams.append(st)
+    toks = torch.tensor(utterance(28, 0), dtype=torch.int32)
+    res["encoder_chunk_ms"], res["encoder_prompt_ms"] = {}, {}
     with torch.inference_mode():
-        eng.runner._encode_prompt(s)
-        toks = torch.tensor([utterance(28, 0)], dtype=torch.int32, device=dev)
-        for _ in range(6):  # grow the attention cache to its steady length
-            eng.runner._encode(s, toks, False)
-        d = eng.runner.streams["p"]
-        cnn, att = d.enc_cnn, d.enc_att
-
-        def encode_once() -> None:
-            d.enc_cnn, d.enc_att = cnn, att
-            eng.runner._encode(s, toks, False)
-
-        res["encoder_chunk_ms"] = timed_ms(encode_once)
-        res["encoder_prompt_ms"] = timed_ms(lambda: _fresh_prompt(eng, s))
+        prompts = [eng.runner._prompt_tokens(st) for st in streams]
+        eng.runner._encode(streams, prompts, [False] * len(streams))
+        for _ in range(6):
+            eng.runner._encode(streams, [toks] * len(streams), [False] * len(streams))
+        for n in sorted({1, 8, 32, a.max_streams}):
+            if n <= a.max_streams:
+                group = streams[:n]
+                res["encoder_chunk_ms"][n] = timed_ms(
+                    lambda g=group: eng.runner._encode(g, [toks] * len(g), [False] * len(g))
+                )
+        group = streams[:8]
+        res["encoder_prompt_ms"][8] = timed_ms(lambda: _fresh_prompts(eng, group))
         mel = torch.randn(64, 80, 58, device=dev)
         src = torch.zeros(64, 1, 3840, device=dev)
         res["hift_eager_ms"] = {
@@ -115,7 +120,9 @@ def main() -> None:
         sk = GraphKey("setup", 8, 384)
         ssolve = eng.runner.setup_solve
         res["setup_eager_kernels"] = top_kernels(lambda: ssolve.est.solve(ssolve._views(sk)))
-        res["encoder_kernels"] = top_kernels(encode_once)
+        res["encoder_kernels"] = top_kernels(
+            lambda: eng.runner._encode(streams, [toks] * len(streams), [False] * len(streams))
+        )
         res["hift32_kernels"] = top_kernels(lambda: models.hift(mel[:32], src[:32]))
     res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0
     a.json.write_text(json.dumps(res, indent=1, default=str))
@@ -132,10 +139,12 @@ def main() -> None:
             print(f"{k}: {v}")
 
 
-def _fresh_prompt(eng: Code2WavEngine, s: Any) -> None:
-    d = eng.runner.streams[s.stream_id]
-    d.enc_cnn = d.enc_att = None
-    eng.runner._encode_prompt(s)
+def _fresh_prompts(eng: Code2WavEngine, streams: list[Any]) -> None:
+    for st in streams:  # a prompt starts from empty caches
+        enc = eng.runner.streams[st.stream_id].encoder
+        enc.length, enc.short_lookahead = 0, False
+        eng.runner.encoder.cnn[enc.slot].zero_()
+    eng.runner._encode(streams, [eng.runner._prompt_tokens(st) for st in streams], [False] * 8)
 
 
 if __name__ == "__main__":
