@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import gc
 import json
 import platform
 import time
@@ -53,6 +54,7 @@ def _sync() -> None:
 
 
 def _reset_peak() -> None:
+    gc.collect()  # an earlier stage's engine (graph closures make cycles) must not count here
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

@@ -34,7 +34,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     precapture: bool = True
     graph_budget: int = 64
-    vocoder_graphs: bool = False  # HiFT's NSF source copies a host tensor per call: eager
+    vocoder_graphs: bool = True
     setup_frame_step: int = 128
     idle_timeout_s: float = 30.0
     setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,16 +151,50 @@ def _graph_safe(hift: nn.Module, window: torch.Tensor) -> Iterator[None]:
 
     ``torch.istft`` checks its window envelope on the host, which a graph cannot capture; the
     overlap-add below is the same computation without that check (the envelope of a periodic
-    Hann window at hop n_fft/4 has no zeros inside the trimmed range).
+    Hann window at hop n_fft/4 has no zeros inside the trimmed range). The NSF source builds
+    its harmonic numbers as a host tensor on every call; inside this context it gets the same
+    numbers already on the device.
     """
     saved = hift.stft_window
     hift.stft_window = window
     hift._istft = lambda magnitude, phase: _istft(hift.istft_params, window, magnitude, phase)
     try:
-        yield
+        with _device_harmonics(hift.m_source.l_sin_gen, window.device):
+            yield
     finally:
         hift.stft_window = saved
         del hift._istft
+
+
+class _DeviceFloatTensor:
+    """Stands in for the NSF module's ``torch``: ``FloatTensor(data)`` of the one constant it
+    builds returns a device copy made beforehand; everything else is the module's own."""
+
+    def __init__(self, module_torch: Any, constant: torch.Tensor) -> None:
+        self._torch, self._constant = module_torch, constant
+        self._data = constant.cpu().tolist()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def FloatTensor(self, data: Any) -> torch.Tensor:  # the name of what it replaces
+        if [[list(row) for row in plane] for plane in data] != self._data:
+            raise ValueError("unexpected host tensor in the NSF source")
+        return self._constant
+
+
+@contextlib.contextmanager
+def _device_harmonics(sine_gen: nn.Module, device: torch.device) -> Iterator[None]:
+    import stepaudio2.flashcosyvoice.modules.hifigan_components.layers as layers
+
+    n = int(sine_gen.harmonic_num) + 1
+    harmonics = torch.arange(1, n + 1, dtype=torch.float32, device=device).view(1, 1, n)
+    saved = layers.torch
+    layers.torch = _DeviceFloatTensor(saved, harmonics)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        layers.torch = saved
 
 
 def _istft(
