@@ -305,8 +305,9 @@ class Runner:
     # graphs
     @torch.inference_mode()
     def precapture(self) -> int:
-        """Capture the whole grid: decode solves first, then the vocoder, then setup solves."""
-        return self.graphs.precapture(("decode", "hift", "setup"))
+        """Capture the whole grid: decode solves, setup solves, then the vocoder (a failed
+        capture stops all later ones, so the solves, which matter most, go first)."""
+        return self.graphs.precapture(("decode", "setup", "hift"))
 
 
 def _sync(device: torch.device) -> None:

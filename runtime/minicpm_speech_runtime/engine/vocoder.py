@@ -60,6 +60,7 @@ class BatchedVocoder:
         self.mel = torch.zeros(n, 80, MEL_CACHE + CHUNK_FRAMES, device=device)
         self.src = torch.zeros(n, 1, SOURCE_CACHE, device=device)
         self.stft_window = self.hift.stft_window.to(device)
+        self.harmonics = device_harmonics(self.hift, device)
         for b in sizes:
             for frames, source in GRAPH_SHAPES:
                 key = GraphKey("hift", b, frames, source)
@@ -82,7 +83,7 @@ class BatchedVocoder:
     def _body(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
         mel = self.mel[: key.batch, :, : key.frames]
         src = self.src[: key.batch, :, : key.extra]
-        with _graph_safe(self.hift, self.stft_window):
+        with _graph_safe(self.hift, self.stft_window, self.harmonics):
             return self.hift(mel, src)  # type: ignore[no-any-return]
 
     def _idle(self) -> None:
@@ -146,7 +147,7 @@ def _fade(fade_in: torch.Tensor, fade_out: torch.Tensor, window: torch.Tensor) -
 
 
 @contextlib.contextmanager
-def _graph_safe(hift: nn.Module, window: torch.Tensor) -> Iterator[None]:
+def _graph_safe(hift: nn.Module, window: torch.Tensor, harmonics: torch.Tensor) -> Iterator[None]:
     """HiFT with a device-resident STFT window and an inverse STFT that never syncs the host.
 
     ``torch.istft`` checks its window envelope on the host, which a graph cannot capture; the
@@ -159,7 +160,7 @@ def _graph_safe(hift: nn.Module, window: torch.Tensor) -> Iterator[None]:
     hift.stft_window = window
     hift._istft = lambda magnitude, phase: _istft(hift.istft_params, window, magnitude, phase)
     try:
-        with _device_harmonics(hift.m_source.l_sin_gen, window.device):
+        with _device_harmonics(harmonics):
             yield
     finally:
         hift.stft_window = saved
@@ -170,9 +171,10 @@ class _DeviceFloatTensor:
     """Stands in for the NSF module's ``torch``: ``FloatTensor(data)`` of the one constant it
     builds returns a device copy made beforehand; everything else is the module's own."""
 
-    def __init__(self, module_torch: Any, constant: torch.Tensor) -> None:
-        self._torch, self._constant = module_torch, constant
-        self._data = constant.cpu().tolist()
+    def __init__(self, module_torch: Any, constant: torch.Tensor, data: list[Any]) -> None:
+        # ``data`` comes from the host: reading ``constant`` back would be a device-to-host copy,
+        # which fails inside a graph capture
+        self._torch, self._constant, self._data = module_torch, constant, data
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)
@@ -183,14 +185,19 @@ class _DeviceFloatTensor:
         return self._constant
 
 
+def device_harmonics(hift: nn.Module, device: torch.device) -> torch.Tensor:
+    """The NSF source's harmonic numbers [1, 1, n] on ``device``; made before any capture."""
+    n = int(hift.m_source.l_sin_gen.harmonic_num) + 1
+    return torch.arange(1, n + 1, dtype=torch.float32, device=device).view(1, 1, n)
+
+
 @contextlib.contextmanager
-def _device_harmonics(sine_gen: nn.Module, device: torch.device) -> Iterator[None]:
+def _device_harmonics(harmonics: torch.Tensor) -> Iterator[None]:
     import stepaudio2.flashcosyvoice.modules.hifigan_components.layers as layers
 
-    n = int(sine_gen.harmonic_num) + 1
-    harmonics = torch.arange(1, n + 1, dtype=torch.float32, device=device).view(1, 1, n)
+    data = [[[float(i) for i in range(1, harmonics.shape[2] + 1)]]]
     saved = layers.torch
-    layers.torch = _DeviceFloatTensor(saved, harmonics)  # type: ignore[assignment]
+    layers.torch = _DeviceFloatTensor(saved, harmonics, data)  # type: ignore[assignment]
     try:
         yield
     finally:
