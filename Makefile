@@ -1,11 +1,23 @@
 # Two entry points, both safe on a fresh machine: each installs what it needs first.
 #   make demo   the operator reconciling examples/minicpmspeech.yaml on an embedded API emulator
-#   make test   lint, type checks and the whole test suite
+#   make test   lint, type checks, the whole test suite, then the vLLM-Omni lane
+#   make test-vllm-omni   the serving plugin inside the real vLLM-Omni (its own venv, CPU)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+VO_VENV ?= .venv-vllm-omni
+VO_BIN := $(VO_VENV)/bin
+# The `vllm` extra's pair with this project's own needs, outside the `runtime` extra, whose
+# torch 2.9.1 conflicts with vllm's torch 2.13.0 (the rest of that extra is listed here).
+# `===` takes the torch 2.13.0 build without a local label: the one vllm's wheels and its
+# torchvision/torchaudio pins are built against. A CPU-only 2.13.0+cpu from a local index also
+# satisfies `==`, and beside it neither loads, so `import vllm_omni` fails.
+VO_REQUIREMENTS := 'torch===2.13.0' 'vllm==0.30.0' 'vllm-omni==0.30.0' \
+	'stepaudio2-minicpmo==0.1.1' 's3tokenizer==0.3.0' 'onnx==1.23.2' 'onnxruntime==1.32.0' \
+	'soundfile==0.14.0' 'librosa==0.11.0' 'HyperPyYAML==1.2.3' 'speakerlab-slim==0.1.0' \
+	'pytest>=8.3' 'pytest-asyncio>=0.24' 'pytest-timeout>=2.3'
 
-.PHONY: demo test
+.PHONY: demo test test-vllm-omni
 demo: $(VENV)/.installed-demo
 	$(BIN)/minicpm-speech demo
 
@@ -13,6 +25,10 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy operator/minicpm_speech_operator perf-jobs/minicpm_speech_perf
 	$(BIN)/pytest
+	$(MAKE) test-vllm-omni
+
+test-vllm-omni: $(VO_VENV)/.installed-vllm-omni
+	$(VO_BIN)/pytest tests/vllm_omni_lane
 
 $(VENV)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,4 +39,10 @@ $(VENV)/.installed-demo: pyproject.toml
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-demo
 	.ci/system-packages
 	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+$(VO_VENV)/.installed-vllm-omni: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VO_VENV)
+	$(VO_BIN)/pip install --quiet --upgrade pip
+	$(VO_BIN)/pip install --quiet -e . $(VO_REQUIREMENTS)
 	touch $@

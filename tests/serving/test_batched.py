@@ -209,6 +209,24 @@ def test_dropped_request_is_cancelled(setup) -> None:  # type: ignore[no-untyped
     assert adapter.engine.counters.ended["cancelled"] == 1
 
 
+def test_handles_of_one_voice_fall_in_one_vllm_omni_bucket(setup) -> None:  # type: ignore[no-untyped-def]
+    """vLLM-Omni buckets a step's continuing requests by the names and tensor shapes of their
+    states' ``flow_cache`` and ``hift_cache``; a handle's caches live in the engine."""
+    small, voices = setup
+    feats = {"v0": features_of(voices[0], "v0")}
+    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats)
+    f0 = backend.prepare_prompt("v0", "/spool/v0.wav")
+    with fixed_nsf_noise():
+        states = backend.setup_batch(f0, 2)
+        _, states = backend.decode_batch(torch.tensor([utterance(28, 7)] * 2), f0, states,
+                                         last_chunk=False)
+    signatures = {
+        tuple((name, tuple(cache[name].shape)) for name in sorted(cache))
+        for h in states for cache in (h.flow_cache, h.hift_cache)
+    }
+    assert signatures == {()}
+
+
 def test_engine_config_maps_the_extras() -> None:
     extras = {"batched_code2wav": True, "micro_batch_size": 4, "cfm_max_graphs": 32,
               "cfm_graph_precapture": True, "token2wav_allow_tf32": True,
@@ -218,6 +236,8 @@ def test_engine_config_maps_the_extras() -> None:
     assert (cfg.micro_batch, cfg.graph_budget, cfg.precapture, cfg.tf32, cfg.n_timesteps) == (
         4, 32, True, True, 8)
     assert cfg.max_prompt_frames == 366 and cfg.max_streams == 8
+    # vLLM-Omni ends its requests; a stage 1 slow to send a window must not end one.
+    assert cfg.idle_timeout_s == 600.0
     assert not cfg.cuda_graphs  # CPU
     assert engine_config({"micro_batch_size": 16}, CPU).max_streams == 16
     assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False

@@ -34,10 +34,11 @@ class _Entry:
     path: str
 
 
-class FakeEngine:
-    """``BatchedToken2Wav``'s surface, recording calls."""
+class FakeEngine(torch.nn.Module):
+    """``BatchedToken2Wav``'s surface, recording calls; like it, an ``nn.Module``."""
 
     def __init__(self, tokenizer: torch.nn.Module) -> None:
+        super().__init__()
         self.speech_window = torch.zeros(4)
         self._token2wav = types.SimpleNamespace(
             _core=types.SimpleNamespace(_audio_tokenizer=tokenizer)
@@ -66,11 +67,13 @@ class FakeEngine:
 
 
 def make_fake_class(tokenizer: torch.nn.Module) -> type:
-    class FakeCode2Wav:
+    class FakeCode2Wav(torch.nn.Module):
+        # An nn.Module, as vLLM-Omni's is: its backend becomes a registered child module.
         builds = 0
 
         def __init__(self, extras: dict[str, Any], model_path: Path, refs: dict[str, bytes],
                      spool: Path) -> None:
+            super().__init__()
             self.backend: Any = None
             self._extras, self.model_path = extras, str(model_path)
             self._states: dict[str, Any] = {}

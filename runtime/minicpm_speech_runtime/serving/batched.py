@@ -9,10 +9,14 @@ decode and evict that :class:`~.backend.RuntimeBackend` drives) on
   by ``micro_batch`` across voices (one batched solve per group).
 * ``decode_batch`` / ``decode_ragged_batch`` push each row's new tokens and step the engine
   until none of those streams has a chunk ready; each row's PCM is the concatenation of its
-  chunks. vLLM-Omni's windows overlap by the encoder lookahead (a window is the previous
-  window's last ``LOOKAHEAD_TOKENS`` plus the new tokens, the reference's
-  ``Token2wav.stream`` contract), so every window after a stream's first skips those tokens:
-  the engine kept them.
+  chunks. vLLM-Omni's connector (``tts2code2wav_async_chunk``) sends a window of
+  ``LOOKAHEAD_TOKENS`` codes of left context and then the new tokens: before a stream's first
+  window that context is three silence codes, which vLLM-Omni vocodes as the stream's start,
+  so the first window is pushed whole; later windows repeat the previous window's last
+  tokens, which the engine kept, so those are skipped. Non-final windows carry 25 new tokens
+  (one engine chunk); a final window with 25 or more new tokens (a Talker that hands over
+  several tokens with its finish) is cut into the engine's 25-token chunks, where vLLM-Omni's
+  own path vocodes it in one piece: same length, a different last stretch of audio.
 * Any other attribute vLLM-Omni reads of its backend comes from its own ``BatchedToken2Wav``
   (``fallback``), which is built but no longer driven.
 * Handles are returned unchanged as the "next states"; when vLLM-Omni lets a handle go (request
@@ -25,11 +29,13 @@ the engine cannot do, with one line naming the key.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import torch
 
@@ -40,8 +46,15 @@ from .config import ENGINE_CHUNK_TOKENS, ENGINE_LOOKAHEAD_TOKENS, batched_engine
 
 assert (ENGINE_CHUNK_TOKENS, ENGINE_LOOKAHEAD_TOKENS) == (CHUNK_TOKENS, LOOKAHEAD_TOKENS)
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_STREAMS = 8
 PROMPT_FRAMES_PER_SECOND = 50  # 25 Hz tokens, 2 mel frames each
+# vLLM-Omni ends its requests itself (``on_requests_finished`` drops the state, whose handle
+# then cancels the stream), so the engine's idle timeout only backstops a state never let go.
+# At the engine's default of 30 s it cut live requests whose next window was merely slow to
+# come (a loaded stage 1), and their audio ended early without an error.
+IDLE_BACKSTOP_S = 600.0
 
 
 class UnsupportedOption(ValueError):
@@ -80,6 +93,7 @@ def engine_config(
         cuda_graphs=device.type == "cuda" and bool(extras.get("enable_cfm_graph", True)),
         precapture=bool(extras.get("cfm_graph_precapture", False)),
         graph_budget=budget,
+        idle_timeout_s=IDLE_BACKSTOP_S,
     )
 
 
@@ -111,6 +125,12 @@ class StreamHandle:
     windows: int = 0  # decode calls seen
     finished: bool = False
     reason: str | None = None
+
+    # vLLM-Omni buckets continuing requests by the tensor shapes of their states' caches
+    # (``state_shape_signature`` reads these two); a handle's caches live in the engine, so
+    # every handle of one prompt and epoch shares one bucket and the engine takes ragged rows.
+    flow_cache: ClassVar[Mapping[str, torch.Tensor]] = MappingProxyType({})
+    hift_cache: ClassVar[Mapping[str, torch.Tensor]] = MappingProxyType({})
 
 
 class EngineBackend:
@@ -185,9 +205,10 @@ class EngineBackend:
         return self.engine.graph_stats()
 
     def setup_counters(self) -> tuple[int, int]:
-        """(batched setup solves, streams set up) so far."""
+        """(batched setup solves, streams set up) so far; a stream set up from the setup cache
+        or from a same-voice stream's solve counts as set up, with no solve of its own."""
         c = self.engine.counters
-        return c.setup_groups, c.setups
+        return c.setup_groups, c.setups + c.setup_shared + c.setup_hits
 
     @property
     def num_streams(self) -> int:
@@ -232,6 +253,10 @@ class EngineBackend:
                 ids = ids[LOOKAHEAD_TOKENS:]
             handle.windows += 1
             if handle.finished or handle.stream_id not in self.engine.scheduler.streams:
+                reason = handle.reason or self._ended.get(handle.stream_id)
+                if ids and reason != "done":
+                    log.warning("Code2Wav stream %s ended (%s); %d tokens of it are dropped",
+                                handle.stream_id, reason, len(ids))
                 continue
             self.engine.push_tokens(handle.stream_id, ids, last=last)
         wanted = {h.stream_id for h in handles}

@@ -155,11 +155,22 @@ def install_runtime_backend(model: Any) -> Any:
         device=device,
         streams=lambda: engine.num_streams,
     )
-    model.backend = backend
+    _replace_backend(model, backend)
     if control is not None:
         write_json(control, PLUGIN_FILE, {"pid": os.getpid(), "options": options.as_dict()})
     _precapture(model, backend, options, control)
     return backend
+
+
+def _replace_backend(model: Any, backend: Any) -> None:
+    # MiniCPMO45Code2Wav is an nn.Module and its BatchedToken2Wav a registered child module:
+    # nn.Module refuses a plain object under a child's name until the child is unregistered.
+    # The inner backend stays reachable through ``backend`` (inline preparation, fallback
+    # attributes); vLLM's loader audit counted the model's parameters before this build.
+    modules = getattr(model, "_modules", None)
+    if isinstance(modules, dict) and "backend" in modules:
+        delattr(model, "backend")
+    model.backend = backend
 
 
 def build_engine(

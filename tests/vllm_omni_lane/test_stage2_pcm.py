@@ -1,0 +1,218 @@
+"""Stage 2 of vLLM-Omni's MiniCPM-o 4.5 pipeline on a random-weight checkpoint (CPU, fp32).
+
+Five interleaved requests (the model's default voice, two 16 kHz references of one voice, a
+24 kHz reference) go through vLLM-Omni's own Code2Wav model, with Stage 1's connector cutting
+the Talker's tokens into windows (see ``stage2.py``). The PCM of vLLM-Omni's own path, of this
+project's runtime behind the plugin, and of this project's engine driven directly agree within
+1e-4 on the same weights, tokens and noise (HiFT's NSF source draws zeros on both sides).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip(
+    "vllm_omni", reason="vLLM-Omni is not installed here; `make test-vllm-omni` runs this lane"
+)
+from minicpm_speech_runtime.bench.parity import TOL, drain, engine, utterance
+from minicpm_speech_runtime.device import DeviceHalf, PreparedVoice
+from minicpm_speech_runtime.host import prepare_host
+from minicpm_speech_runtime.serving.backend import RuntimeBackend
+from minicpm_speech_runtime.serving.batched import EngineBackend, voice_from_features
+from minicpm_speech_runtime.speaker import make_speaker
+from minicpm_speech_runtime.synth import voice_like
+from vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav import (
+    BatchedToken2Wav,
+)
+
+from tests.vllm_omni_lane.stage2 import (
+    CONNECTOR,
+    SILENCE,
+    Request,
+    Stage2,
+    build_code2wav,
+    cfm_noise,
+    fixed_vocoder_noise,
+)
+
+# Each test builds vLLM-Omni's model and this project's (two speech tokenizers at released
+# size) and decodes on 2 CPU cores; the suite's 300 s is too short on a loaded machine.
+pytestmark = pytest.mark.timeout(1200)
+CPU = torch.device("cpu")
+VOICE_16K = voice_like(2.0, 16000, seed=1)
+REQUESTS = [
+    Request("default-long", utterance(131, 10)),
+    Request("ref16k-a", utterance(77, 11), VOICE_16K, 16000),
+    Request("ref24k", utterance(60, 13), voice_like(3.0, 24000, seed=2), 24000, start=3),
+    # Same voice as ref16k-a, joining later: its first chunk meets ref16k-a's steady ones.
+    Request("ref16k-b", utterance(50, 12), VOICE_16K, 16000, start=9),
+    Request("default-short", utterance(20, 14), start=30),
+]
+
+
+class Code2WavPath:
+    """One Code2Wav model of the pipeline and what a run of ``REQUESTS`` gave."""
+
+    def __init__(self, model: Any, extras: dict[str, Any], noise: torch.Tensor) -> None:
+        self.model, self.extras = model, extras
+        cfm_noise(model).copy_(noise)
+        self.stage: Stage2 | None = None
+        self.pcm: dict[str, np.ndarray] = {}
+
+    def run(
+        self,
+        requests: Sequence[Request],
+        burst: Sequence[int] = (1,),
+        finish_with_last: bool = False,
+    ) -> tuple[Stage2, dict[str, np.ndarray]]:
+        stage = Stage2(self.model, self.extras)
+        with fixed_vocoder_noise():
+            pcm = stage.run(requests, burst, finish_with_last)
+        return stage, pcm
+
+    def reference(self, request: Request) -> tuple[str, str]:
+        """(prompt cache id, WAV path) vLLM-Omni gives the request's voice."""
+        if request.ref is None:
+            wav, cache_id = self.model._normalized_default_prompt()
+            return cache_id, wav
+        _, entry = self.model._materialize_runtime_prompt(request.ref, request.ref_rate)
+        return entry.cache_id, entry.path
+
+
+def engine_direct(
+    models: Any, noise: torch.Tensor, streams: Sequence[tuple[str, PreparedVoice, list[int]]]
+) -> dict[str, np.ndarray]:
+    """This project's engine on whole utterances: the token stream vLLM-Omni's windows carry
+    (three silence codes, then the utterance), cut into its own 25-token chunks."""
+    models.flow.decoder.rand_noise.copy_(noise)
+    eng = engine(models, max_prompt_frames=300)
+    for sid, voice, tokens in streams:
+        eng.add_stream(sid, voice)
+        eng.push_tokens(sid, [SILENCE] * 3 + tokens, last=True)
+    got: dict[Any, list[np.ndarray]] = {}
+    reasons: dict[Any, str] = {}
+    with fixed_vocoder_noise():
+        for _ in drain(eng, got, reasons):
+            pass
+    assert set(reasons.values()) == {"done"}
+    return {sid: np.concatenate(got[sid]) for sid, *_ in streams}
+
+
+def assert_close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for rid in want:
+        assert got[rid].shape == want[rid].shape, rid
+        assert float(np.abs(got[rid] - want[rid]).max()) <= TOL, rid
+        assert float(np.abs(want[rid]).max()) > 1e-3, rid  # audio, not silence
+
+
+@pytest.fixture(scope="module")
+def own(plugin_on: Path, model_dir: Path, noise: torch.Tensor) -> Code2WavPath:
+    """vLLM-Omni's own stage 2: the plugin is registered in this process, this stage's extras
+    leave the runtime off."""
+    extras = dict(CONNECTOR)
+    path = Code2WavPath(build_code2wav(model_dir, extras), extras, noise)
+    path.stage, path.pcm = path.run(REQUESTS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runtime(plugin_on: Path, model_dir: Path, noise: torch.Tensor) -> Code2WavPath:
+    """Stage 2 on this project's runtime, reference features from vLLM-Omni's own preparation."""
+    extras = {**CONNECTOR, "batched_code2wav": True, "reference_prep_workers": 0}
+    path = Code2WavPath(build_code2wav(model_dir, extras), extras, noise)
+    path.stage, path.pcm = path.run(REQUESTS)
+    return path
+
+
+def test_own_path_is_vllm_omnis_and_equals_the_engine(
+    own: Code2WavPath, our_models: Any, noise: torch.Tensor
+) -> None:
+    assert type(own.model.backend) is BatchedToken2Wav
+    assert own.stage is not None
+    # The window contract the runtime's adapter relies on: 3 tokens of left context (silence
+    # before the first window) and 25 new tokens, the last window the remainder.
+    for request in REQUESTS:
+        windows = own.stage.windows[request.rid]
+        assert windows[:-1] == [28] * (len(windows) - 1), (request.rid, windows)
+        assert sum(windows) - 3 * len(windows) == len(request.tokens), (request.rid, windows)
+    streams = []
+    for request in REQUESTS:
+        features = own.model.backend.prepare_prompt(*own.reference(request))
+        streams.append((request.rid, voice_from_features(features, CPU), request.tokens))
+    assert_close(own.pcm, engine_direct(our_models, noise, streams))
+
+
+def test_runtime_behind_the_plugin_equals_vllm_omnis_own_path(
+    runtime: Code2WavPath, own: Code2WavPath
+) -> None:
+    backend = runtime.model.backend
+    assert isinstance(backend, RuntimeBackend) and isinstance(backend.engine, EngineBackend)
+    assert_close(runtime.pcm, own.pcm)
+    # Finished requests leave no stream behind in the engine.
+    assert backend.engine.num_streams == 0
+    assert runtime.stage is not None and own.stage is not None
+    assert runtime.stage.windows == own.stage.windows
+
+
+def test_reference_preparation_and_precapture_behind_the_plugin(
+    plugin_on: Path, model_dir: Path, our_models: Any, noise: torch.Tensor
+) -> None:
+    extras = {**CONNECTOR, "batched_code2wav": True, "reference_prep_workers": 2,
+              "cfm_graph_precapture": True}
+    path = Code2WavPath(build_code2wav(model_dir, extras), extras, noise)
+    backend = path.model.backend
+    try:
+        assert isinstance(backend, RuntimeBackend) and backend.prep is not None
+        plugin_doc = json.loads((plugin_on / "plugin.json").read_text())
+        assert plugin_doc["options"]["reference_prep_workers"] == 2
+        precapture = json.loads((plugin_on / "precapture.json").read_text())
+        assert precapture["state"] == "done", precapture
+        _, pcm = path.run(REQUESTS)
+        counts = backend.prep.counters.snapshot()
+        assert counts["failed"] == 0 and counts["ahead"] + counts["cached"] + counts["late"] > 0
+    finally:
+        backend.close()
+
+    # The engine directly, on this project's own preparation of the WAV vLLM-Omni wrote.
+    speaker = make_speaker("torch", our_models.campplus, our_models.campplus_onnx, CPU)
+    half = DeviceHalf(our_models.tokenizer, speaker, CPU)
+    streams = []
+    for request in REQUESTS:
+        _, wav = path.reference(request)
+        voice = half.run(prepare_host(Path(wav).read_bytes(), our_models.up_rate))
+        streams.append((request.rid, voice, request.tokens))
+    assert_close(pcm, engine_direct(our_models, noise, streams))
+
+
+def test_a_final_window_longer_than_a_chunk_is_decoded_in_chunks(
+    runtime: Code2WavPath, own: Code2WavPath, our_models: Any, noise: torch.Tensor
+) -> None:
+    """A Talker that hands over 7 tokens at a time, the last of them with its finish, can leave
+    25 to 31 tokens for vLLM-Omni's final window. Its own path vocodes that window whole; the
+    runtime's engine cuts it into 25-token chunks, as the reference's streaming does. The
+    audio up to that window is identical, and so is its length."""
+    requests = [Request(f"burst-{r.rid}", r.tokens, r.ref, r.ref_rate) for r in REQUESTS[:3]]
+    theirs, their_pcm = own.run(requests, burst=(7,), finish_with_last=True)
+    ours, our_pcm = runtime.run(requests, burst=(7,), finish_with_last=True)
+    assert ours.windows == theirs.windows
+    assert max(w[-1] for w in ours.windows.values()) > 28, ours.windows
+
+    streams = []
+    for request in requests:
+        features = own.model.backend.prepare_prompt(*own.reference(request))
+        streams.append((request.rid, voice_from_features(features, CPU), request.tokens))
+    assert_close(our_pcm, engine_direct(our_models, noise, streams))
+    for request in requests:
+        rid = request.rid
+        before_last = sum(len(p) for p in theirs.pcm[rid][:-1])
+        assert our_pcm[rid].shape == their_pcm[rid].shape, rid
+        head = np.abs(our_pcm[rid][:before_last] - their_pcm[rid][:before_last])
+        assert float(head.max()) <= TOL, rid
