@@ -156,8 +156,9 @@ def test_backend_pcm_equals_engine_driven_directly(setup) -> None:  # type: igno
     def value(name: str, **labels: str) -> float:
         return registry.get_sample_value(name, labels) or 0.0
 
-    # Setups ran inside the engine's steps, batched across the two voices.
-    assert value("minicpm_speech_code2wav_setup_streams_total", mode="batched") == 4
+    # Setups ran inside the engine's steps: one solve per voice, its second stream a copy.
+    assert value("minicpm_speech_code2wav_setup_streams_total", mode="batched") == 2
+    assert value("minicpm_speech_code2wav_setup_streams_total", mode="copied") == 2
     assert value("minicpm_speech_code2wav_setup_solves_total", mode="batched") >= 1
     assert value("minicpm_speech_code2wav_setup_solves_total", mode="scalar") == 0
     assert value("minicpm_speech_code2wav_active_streams") == 0

@@ -156,7 +156,7 @@ class RuntimeBackend:
         self._lock = threading.Lock()
         self._timer = _ChunkTimer(metrics)
         self._graph_seen: dict[tuple[str, str], int] = {}
-        self._setups_seen = (0, 0)
+        self._setups_seen = (0, 0, 0)
         metrics.set_graph_budget(0, options.cfm_max_graphs)
 
     # ----------------------------------------------------------------- references
@@ -257,13 +257,12 @@ class RuntimeBackend:
         counters = getattr(self.engine, "setup_counters", None)
         if not callable(counters):
             return
-        solves, streams = counters()
-        seen_solves, seen_streams = self._setups_seen
-        if solves > seen_solves or streams > seen_streams:
-            self._setups_seen = (solves, streams)
-            self.metrics.record_setups(
-                max(0, solves - seen_solves), max(0, streams - seen_streams), batched=True
-            )
+        now = tuple(counters())
+        seen = self._setups_seen
+        if now != seen:
+            self._setups_seen = now
+            solves, streams, copied = (max(0, a - b) for a, b in zip(now, seen, strict=True))
+            self.metrics.record_setups(solves, streams, batched=True, copied=copied)
 
     def graph_counts(self) -> tuple[dict[tuple[str, str], int], int, int] | None:
         """((event, kind) -> count so far, graphs held, budget) of the engine, if it has any."""

@@ -204,11 +204,11 @@ class EngineBackend:
     def graph_stats(self) -> dict[str, Any]:
         return self.engine.graph_stats()
 
-    def setup_counters(self) -> tuple[int, int]:
-        """(batched setup solves, streams set up) so far; a stream set up from the setup cache
-        or from a same-voice stream's solve counts as set up, with no solve of its own."""
+    def setup_counters(self) -> tuple[int, int, int]:
+        """(batched setup solves, streams they set up, streams copied from the setup cache or
+        from a same-voice stream's solve) so far."""
         c = self.engine.counters
-        return c.setup_groups, c.setups + c.setup_shared + c.setup_hits
+        return c.setup_groups, c.setups, c.setup_shared + c.setup_hits
 
     @property
     def num_streams(self) -> int:

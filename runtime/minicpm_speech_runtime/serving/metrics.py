@@ -15,7 +15,9 @@ Names (all prefixed ``minicpm_speech_``):
 ``reference_preparations_total{outcome,detail}``  counter  one per request at chunk 0 or end
 ``reference_inline_preparations_total``          counter  inline preparations run
 ``code2wav_setup_solves_total{mode}``           counter  initial CFM solves, batched/scalar
-``code2wav_setup_streams_total{mode}``          counter  streams set up by those solves
+``code2wav_setup_streams_total{mode}``          counter  streams set up by those solves, or
+                                                           ``copied`` from the setup cache or a
+                                                           same-voice solve (no solve of their own)
 ``code2wav_graph_captures_total{kind}``         counter  CUDA graphs captured
 ``code2wav_graph_replays_total{kind}``          counter  graph replays
 ``code2wav_graph_refusals_total{kind}``         counter  replays refused (shape/budget)
@@ -64,6 +66,7 @@ assert set(PREP_OUTCOME) == set(OUTCOMES)
 
 GRAPH_KINDS = ("decode", "setup", "hift", "all")
 SETUP_MODES = ("batched", "scalar")
+COPIED = "copied"  # a setup_streams mode only: such a stream had no solve
 CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 
 
@@ -127,6 +130,7 @@ class RuntimeMetrics:
         for mode in SETUP_MODES:
             self.setup_solves.labels(mode)
             self.setup_streams.labels(mode)
+        self.setup_streams.labels(COPIED)
         for kind in GRAPH_KINDS:
             for family in (self.graph_captures, self.graph_replays, self.graph_refusals,
                            self.eager_fallbacks):
@@ -152,12 +156,14 @@ class RuntimeMetrics:
         self.setup_solves.labels(mode).inc()
         self.setup_streams.labels(mode).inc(streams)
 
-    def record_setups(self, solves: int, streams: int, batched: bool) -> None:
+    def record_setups(self, solves: int, streams: int, batched: bool, copied: int = 0) -> None:
         mode = "batched" if batched else "scalar"
         if solves:
             self.setup_solves.labels(mode).inc(solves)
         if streams:
             self.setup_streams.labels(mode).inc(streams)
+        if copied:
+            self.setup_streams.labels(COPIED).inc(copied)
 
     def graph_event(self, event: str, kind: str, n: int = 1) -> None:
         family = {
