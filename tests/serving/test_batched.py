@@ -242,12 +242,13 @@ def test_engine_config_maps_the_extras() -> None:
     assert not cfg.cuda_graphs  # CPU
     assert engine_config({"micro_batch_size": 16}, CPU).max_streams == 16
     assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False
+    assert engine_config({}, CPU).vocoder_graphs is True
+    assert engine_config({"enable_hift_graph": False}, CPU).vocoder_graphs is False
     assert isinstance(engine_config({}, CPU), EngineConfig)
 
 
 @pytest.mark.parametrize(("extra", "key"), [
     ({"token2wav_float16": True}, "token2wav_float16"),
-    ({"enable_hift_graph": True}, "enable_hift_graph"),
     ({"codec_chunk_frames": 10}, "codec_chunk_frames"),
     ({"codec_left_context_frames": 25}, "codec_left_context_frames"),
     ({"micro_batch_size": 0}, "micro_batch_size"),

@@ -68,7 +68,8 @@ def engine_config(
 
     ``micro_batch_size`` -> ``micro_batch``, ``cfm_max_graphs`` -> ``graph_budget``,
     ``cfm_graph_precapture`` -> ``precapture``, ``token2wav_allow_tf32`` -> ``tf32``,
-    ``enable_cfm_graph`` -> ``cuda_graphs`` (CUDA only), ``token2wav_n_timesteps`` ->
+    ``enable_cfm_graph`` -> ``cuda_graphs`` (CUDA only), ``enable_hift_graph`` ->
+    ``vocoder_graphs`` (default on), ``token2wav_n_timesteps`` ->
     ``n_timesteps``, ``ref_audio_max_seconds`` -> ``max_prompt_frames``. ``max_streams`` is the
     stage's concurrency (at least ``micro_batch_size``; default 8).
     """
@@ -92,6 +93,7 @@ def engine_config(
         tf32=bool(extras.get("token2wav_allow_tf32", False)),
         cuda_graphs=device.type == "cuda" and bool(extras.get("enable_cfm_graph", True)),
         precapture=bool(extras.get("cfm_graph_precapture", False)),
+        vocoder_graphs=bool(extras.get("enable_hift_graph", True)),
         graph_budget=budget,
         idle_timeout_s=IDLE_BACKSTOP_S,
     )

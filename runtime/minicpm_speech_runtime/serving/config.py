@@ -282,8 +282,6 @@ def batched_engine_refusal(extras: Mapping[str, Any]) -> str | None:
         return None
     fixed = {
         "token2wav_float16": (False, "the batched engine computes in float32 only"),
-        "enable_hift_graph": (
-            False, "HiFT's NSF source cannot be captured; the engine runs HiFT eagerly"),
         "codec_chunk_frames": (
             ENGINE_CHUNK_TOKENS, f"the engine decodes chunks of {ENGINE_CHUNK_TOKENS} tokens"),
         "codec_left_context_frames": (
