@@ -244,6 +244,8 @@ def test_engine_config_maps_the_extras() -> None:
     assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False
     assert engine_config({}, CPU).vocoder_graphs is True
     assert engine_config({"enable_hift_graph": False}, CPU).vocoder_graphs is False
+    assert engine_config({}, CPU).setup_cache_voices is None
+    assert engine_config({"token2wav_setup_cache_size": 0}, CPU).setup_cache_voices == 0
     assert isinstance(engine_config({}, CPU), EngineConfig)
 
 

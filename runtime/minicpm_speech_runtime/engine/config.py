@@ -22,8 +22,9 @@ class EngineConfig:
     (decode: 50 and 56; setup: multiples of ``setup_frame_step`` up to ``max_prompt_frames``),
     at most ``graph_budget`` graphs, captured by ``Code2WavEngine.warmup`` when ``precapture``.
     A voice's cold setup is a pure function of the voice, so its result (prompt keys/values,
-    conv and encoder caches) is kept in an LRU of ``setup_cache_mib`` and copied to later
-    streams of that voice instead of being solved again.
+    conv and encoder caches) is kept in an LRU of ``setup_cache_mib`` (and at most
+    ``setup_cache_voices`` voices) and copied to later streams of that voice instead of being
+    solved again.
     """
 
     max_streams: int = 8
@@ -38,6 +39,7 @@ class EngineConfig:
     setup_frame_step: int = 128
     idle_timeout_s: float = 30.0
     setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off
+    setup_cache_voices: int | None = None  # and at most this many voices, if given (0: off)
 
     def __post_init__(self) -> None:
         if self.max_streams < 1:
@@ -56,6 +58,8 @@ class EngineConfig:
             raise ValueError("idle_timeout_s must be > 0")
         if self.setup_cache_mib < 0:
             raise ValueError("setup_cache_mib must be >= 0")
+        if self.setup_cache_voices is not None and self.setup_cache_voices < 0:
+            raise ValueError("setup_cache_voices must be >= 0")
 
     @property
     def max_chunk_frames(self) -> int:

@@ -87,7 +87,7 @@ class Runner:
         )
         hift_sizes = decode_sizes if config.vocoder_graphs else None
         self.vocoder = BatchedVocoder(models.hift, models.device, self.graphs, hift_sizes)
-        self.setup_cache = SetupCache(config.setup_cache_mib * 2**20)
+        self.setup_cache = SetupCache(config.setup_cache_mib * 2**20, config.setup_cache_voices)
         self.owner: list[StreamState | None] = [None] * config.max_streams
         self.streams: dict[object, DeviceStream] = {}
         self.slot_moves = 0
@@ -155,7 +155,7 @@ class Runner:
             self._solve(self.setup_solve, rows, mus, conds, offsets=[0] * len(group))
             for j, s in enumerate(group):
                 self._adopt(j, s.slot)
-        if self.setup_cache.budget:
+        if self.setup_cache.enabled:
             for s in group:
                 self.setup_cache.put(s.voice_key, self._snapshot(s))
 

@@ -30,10 +30,16 @@ class VoiceSetup:
 
 
 class SetupCache:
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget = budget_bytes
+    """At most ``budget_bytes`` of entries and, when given, at most ``max_entries`` of them."""
+
+    def __init__(self, budget_bytes: int, max_entries: int | None = None) -> None:
+        self.budget, self.max_entries = budget_bytes, max_entries
         self.entries: OrderedDict[str, VoiceSetup] = OrderedDict()
         self.hits = self.misses = self.evictions = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0 and self.max_entries != 0
 
     def __contains__(self, key: object) -> bool:
         return key in self.entries
@@ -57,11 +63,13 @@ class SetupCache:
     def put(self, key: str, entry: VoiceSetup) -> bool:
         """Keep ``entry``, evicting the least recently used; False if it alone is too big."""
         size = entry.nbytes
-        if size > self.budget:
+        if not self.enabled or size > self.budget:
             return False
         self.entries.pop(key, None)
-        used = self.nbytes
-        while self.entries and used + size > self.budget:
+        used, limit = self.nbytes, self.max_entries
+        while self.entries and (
+            used + size > self.budget or (limit is not None and len(self.entries) >= limit)
+        ):
             _, old = self.entries.popitem(last=False)
             used -= old.nbytes
             self.evictions += 1

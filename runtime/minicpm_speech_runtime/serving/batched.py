@@ -69,7 +69,8 @@ def engine_config(
     ``micro_batch_size`` -> ``micro_batch``, ``cfm_max_graphs`` -> ``graph_budget``,
     ``cfm_graph_precapture`` -> ``precapture``, ``token2wav_allow_tf32`` -> ``tf32``,
     ``enable_cfm_graph`` -> ``cuda_graphs`` (CUDA only), ``enable_hift_graph`` ->
-    ``vocoder_graphs`` (default on), ``token2wav_n_timesteps`` ->
+    ``vocoder_graphs`` (default on), ``token2wav_setup_cache_size`` -> ``setup_cache_voices``
+    (0 turns the engine's setup cache off), ``token2wav_n_timesteps`` ->
     ``n_timesteps``, ``ref_audio_max_seconds`` -> ``max_prompt_frames``. ``max_streams`` is the
     stage's concurrency (at least ``micro_batch_size``; default 8).
     """
@@ -94,9 +95,14 @@ def engine_config(
         cuda_graphs=device.type == "cuda" and bool(extras.get("enable_cfm_graph", True)),
         precapture=bool(extras.get("cfm_graph_precapture", False)),
         vocoder_graphs=bool(extras.get("enable_hift_graph", True)),
+        setup_cache_voices=_optional_int(extras.get("token2wav_setup_cache_size")),
         graph_budget=budget,
         idle_timeout_s=IDLE_BACKSTOP_S,
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def voice_from_features(features: Any, device: torch.device) -> PreparedVoice:
