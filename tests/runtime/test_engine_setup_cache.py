@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import torch
+from minicpm_speech_runtime.engine.encoder import EncoderState
 from minicpm_speech_runtime.engine.setup_cache import SetupCache, VoiceSetup
 
 
 def _entry(frames: int) -> VoiceSetup:
     """An entry of ``frames`` prompt frames; 4 bytes per number, 100 numbers per frame."""
     k = torch.zeros(frames, 50)
-    return VoiceSetup(k, k.clone(), torch.zeros(0), {"encoder": torch.zeros(0)})
+    empty = torch.zeros(0)
+    return VoiceSetup(k, k.clone(), empty, EncoderState(empty, empty, 0, False))
 
 
 def test_byte_budget_evicts_least_recently_used() -> None:

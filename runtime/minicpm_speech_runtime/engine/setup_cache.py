@@ -7,12 +7,12 @@ copied to any later stream of that voice, which then starts with no solve at all
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from .encoder import EncoderState
 
 
 @dataclass(slots=True)
@@ -22,11 +22,12 @@ class VoiceSetup:
     k: torch.Tensor  # [steps, depth, 2 rows, heads, prompt frames, head_dim]
     v: torch.Tensor
     conv: torch.Tensor  # [steps, depth, 2 rows, 2, 2 * hidden]
-    encoder: Any  # the stream's encoder caches, cloned
+    encoder: EncoderState  # the stream's encoder caches, copied
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in _tensors(self))
+        parts = (self.k, self.v, self.conv, self.encoder.att, self.encoder.cnn)
+        return sum(t.numel() * t.element_size() for t in parts)
 
 
 class SetupCache:
@@ -78,29 +79,3 @@ class SetupCache:
 
     def clear(self) -> None:
         self.entries.clear()
-
-
-def clone_tree(obj: Any) -> Any:
-    """A deep copy of tensors inside dataclasses, tuples, lists and dicts (others kept)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        fields = {f.name: clone_tree(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        return dataclasses.replace(obj, **fields)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(clone_tree(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: clone_tree(v) for k, v in obj.items()}
-    return obj
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
-    if isinstance(obj, (tuple, list)):
-        return [t for x in obj for t in _tensors(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _tensors(x)]
-    return []
