@@ -8,11 +8,18 @@ Stages, each recorded in the JSON (a failing stage is recorded and the rest stil
   ``--graphs on`` the engine precaptures its grid first and replays graphs (stats recorded).
 * ``matmul_peak``: TF32 and fp32 4096^3 matmul rate, the roofline's ceiling.
 * ``engine``: for each C, C streams, each with its own voice (3-10 s random-waveform reference,
-  prepared before the loop: preparation is part 1's), 250 tokens pushed 25 per step; a finished
-  stream is replaced at once. Audio-s/s over the window, first audio (add_stream -> first PCM),
-  chunk latency (push -> PCM), peak memory, DiT FLOP rate vs the matmul peak, graph counters
-  (captures during warm-up, captures after it: must be 0, replays, refusals, eager runs).
-* ``reference``: the same closed loop through the reference, one stream's chunk at a time.
+  prepared before the loop: preparation is part 1's) and 250 tokens pushed the way vLLM-Omni's
+  stage-1 hook sends them, a first window of 28 (a chunk and its 3 lookahead tokens) and then 25
+  new tokens per step; a finished stream is replaced at once. Measured in steady state: during
+  warm-up streams start at most C/10 per step until C are live, then run one more utterance, so
+  streams start and end at staggered steps as requests of varying length do (with every
+  utterance the same length, a simultaneous start would repeat as a burst of C cold setups
+  every 10 steps; the burst is measured on its own, ``setup_burst_32``). Audio-s/s over the
+  window, first audio (add_stream -> first PCM, streams started in the window), chunk latency
+  (push -> PCM), peak memory, DiT FLOP rate vs the matmul peak, graph counters (captures during
+  warm-up, captures after it: must be 0, replays, refusals, eager runs).
+* ``reference``: C streams started together through the reference, one stream's chunk at a
+  time (its steady state would take minutes per C to reach).
 
 Usage::
 
@@ -45,7 +52,7 @@ from .parity import drain, fixed_nsf_noise, make_voices, max_diff, reference_chu
 from .reference_driver import ReferenceDriver
 
 SR = 24000
-UTT_TOKENS, PIECE = 250, 25
+UTT_TOKENS, PIECE, FIRST_WINDOW = 250, 25, 28
 
 
 def _sync() -> None:
@@ -68,7 +75,7 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def parity(models: Code2WavModels, voices: list[Any], graphs: bool) -> dict[str, Any]:
+def parity(models: Code2WavModels, voices: list[Any], graphs: bool, fused: bool) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     plan = [("a", 0, 260, 0), ("b", 1, 77, 0), ("c", 2, 130, 1), ("d", 0, 53, 2)]
     with fixed_nsf_noise():
@@ -78,7 +85,9 @@ def parity(models: Code2WavModels, voices: list[Any], graphs: bool) -> dict[str,
             for i, (s, v, n, _) in enumerate(plan)
         }
         del driver
-        cfg = EngineConfig(max_streams=4, micro_batch=4, tf32=False, cuda_graphs=graphs)
+        cfg = EngineConfig(
+            max_streams=4, micro_batch=4, tf32=False, cuda_graphs=graphs, fused_kernels=fused
+        )
         eng = Code2WavEngine(models, cfg)
         eng.warmup()
         got: dict[Any, list[np.ndarray]] = {}
@@ -90,6 +99,7 @@ def parity(models: Code2WavModels, voices: list[Any], graphs: bool) -> dict[str,
                     eng.push_tokens(s, utterance(n, i), last=True)
     diffs = {s: max_diff(want[s], got[s]) for s, *_ in plan}
     return {
+        "kernels_fused": eng.runner.kernels.fused,
         "max_abs_diff": diffs,
         "worst": max(diffs.values()),
         "pass_1e-4": max(diffs.values()) <= 1e-4,
@@ -125,7 +135,7 @@ def dit_flops_per_chunk(models: Code2WavModels, frames: int, keys: int) -> float
 
 
 class Loop:
-    """The closed-loop client: C live streams, each 250 tokens pushed 25 per step."""
+    """The closed-loop client: C live streams, each 250 tokens pushed 28, then 25 per step."""
 
     def __init__(self, voices: list[Any], conc: int) -> None:
         self.voices, self.conc, self.next = voices, conc, 0
@@ -143,7 +153,8 @@ class Loop:
         return sid, cold(self.voices[sid % len(self.voices)], sid)
 
     def piece(self, sid: int) -> tuple[list[int], bool]:
-        toks = utterance(UTT_TOKENS, sid)[self.sent[sid] : self.sent[sid] + PIECE]
+        n = PIECE if self.sent[sid] else FIRST_WINDOW
+        toks = utterance(UTT_TOKENS, sid)[self.sent[sid] : self.sent[sid] + n]
         self.sent[sid] += len(toks)
         self.pushed[sid] = time.perf_counter()
         return toks, self.sent[sid] >= UTT_TOKENS
@@ -154,6 +165,12 @@ class Loop:
             self.first.append(now - self.start.pop(sid))
         self.chunk.append(now - self.pushed[sid])
         self.samples += samples
+
+    def reset_stats(self) -> None:
+        """A new measurement window: live streams go on; only streams started from now count
+        for first audio."""
+        self.start.clear()
+        self.first, self.chunk, self.samples = [], [], 0
 
     def summary(self, wall: float) -> dict[str, Any]:
         return {
@@ -173,10 +190,10 @@ def cold(voice: Any, sid: int) -> Any:
     return dataclasses.replace(voice, key=f"{voice.key}#{sid}")
 
 
-def setup_burst(models: Code2WavModels, voices: list[Any], n: int) -> dict[str, Any]:
+def setup_burst(models: Code2WavModels, voices: list[Any], n: int, fused: bool) -> dict[str, Any]:
     """``n`` cold voices arriving together: the step that sets them all up, timed."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    cfg = EngineConfig(max_streams=n, micro_batch=min(8, n), setup_cache_mib=0)
+    cfg = EngineConfig(max_streams=n, micro_batch=min(8, n), setup_cache_mib=0, fused_kernels=fused)
     eng = Code2WavEngine(models, cfg)
     eng.warmup()
     res: dict[str, Any] = {"voices": n, "micro_batch": cfg.micro_batch, "runs_ms": []}
@@ -201,12 +218,22 @@ def _ms(x: float | None) -> float | None:
 
 
 def run_engine(
-    models: Code2WavModels, voices: list[Any], conc: int, window: float, peak: float, graphs: bool
+    models: Code2WavModels,
+    voices: list[Any],
+    conc: int,
+    window: float,
+    peak: float,
+    graphs: bool,
+    fused: bool,
 ) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     # every stream is a cold voice here, so the setup cache could only cost memory
     cfg = EngineConfig(
-        max_streams=conc, micro_batch=min(8, conc), cuda_graphs=graphs, setup_cache_mib=0
+        max_streams=conc,
+        micro_batch=min(8, conc),
+        cuda_graphs=graphs,
+        setup_cache_mib=0,
+        fused_kernels=fused,
     )
     eng = Code2WavEngine(models, cfg)
     _sync()
@@ -214,19 +241,21 @@ def run_engine(
     eng.warmup()
     _sync()
     precapture_s = time.perf_counter() - t0
-    warm = Loop(voices, conc)
-    _engine_loop(eng, warm, 2.0, conc)  # warm-up: allocator, cuDNN/cuBLAS heuristics
+    loop, live = Loop(voices, conc), set[int]()
+    # warm-up (allocator, library heuristics): ramp up staggered, then one more utterance
+    ramp = -(-conc // 10)
+    _engine_loop(eng, loop, live, conc, seconds=2.0, min_steps=22, ramp=ramp)
     _reset_peak()
-    loop = Loop(voices, conc)
-    loop.next = 10_000
+    loop.reset_stats()
     t0 = time.perf_counter()
     chunks0 = eng.counters.chunks
-    _engine_loop(eng, loop, window, conc)
+    _engine_loop(eng, loop, live, conc, seconds=window)
     wall = time.perf_counter() - t0
     res = loop.summary(wall)
     chunks = eng.counters.chunks - chunks0
     flops = chunks * dit_flops_per_chunk(models, 50, models_prompt_keys(voices))
     res.update(
+        kernels_fused=eng.runner.kernels.fused,
         peak_mem_gib=_peak_gib(),
         estimator_cache_gib=eng.runner.estimator.nbytes / 2**30,
         dit_tflops=flops / wall / 1e12,
@@ -238,8 +267,11 @@ def run_engine(
         cuda_graphs="on" if graphs else "off",
     )
     eng.runner.profile = True
-    _engine_loop(eng, Loop(voices, conc), 3.0, conc)
+    _engine_loop(eng, loop, live, conc, seconds=3.0)
     res["phase_s_profiled_3s"] = dict(eng.runner.phase_s)
+    for sid in live:
+        eng.cancel(sid)
+    eng.step()
     del eng
     return res
 
@@ -248,11 +280,24 @@ def models_prompt_keys(voices: list[Any]) -> int:
     return int(np.mean([v.prompt_mels.shape[1] for v in voices])) + 100 + 50
 
 
-def _engine_loop(eng: Code2WavEngine, loop: Loop, window: float, conc: int) -> None:
-    end = time.perf_counter() + window
-    live: set[int] = set()
-    while time.perf_counter() < end:
-        while len(live) < conc:
+def _engine_loop(
+    eng: Code2WavEngine,
+    loop: Loop,
+    live: set[int],
+    conc: int,
+    seconds: float,
+    min_steps: int = 0,
+    ramp: int | None = None,
+) -> None:
+    """Steps for ``seconds`` (and ``min_steps``); a stream ends, another starts. With ``ramp``,
+    at most that many start per step until ``conc`` are live for the first time."""
+    end, steps = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end or steps < min_steps:
+        steps += 1
+        if len(live) == conc:
+            ramp = None
+        room = conc - len(live)
+        for _ in range(room if ramp is None else min(room, ramp)):
             sid, voice = loop.new_stream()
             eng.add_stream(sid, voice)
             live.add(sid)
@@ -265,9 +310,6 @@ def _engine_loop(eng: Code2WavEngine, loop: Loop, window: float, conc: int) -> N
                 loop.got(o.stream_id, o.pcm.numel())
             if o.finished:
                 live.discard(o.stream_id)
-    for sid in list(live):
-        eng.cancel(sid)
-    eng.step()
 
 
 def run_reference(
@@ -356,7 +398,9 @@ def main() -> None:
     p.add_argument("--ref-window", type=float, default=12.0)
     p.add_argument("--voices", type=int, default=16)
     p.add_argument("--graphs", choices=["on", "off"], default="on")
+    p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton block kernels")
     a = p.parse_args()
+    fused = a.fused == "on"
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git_revision": a.git_rev,
@@ -378,14 +422,16 @@ def main() -> None:
     voices = make_voices(models, [float(s) for s in rng.uniform(3.0, 10.0, a.voices)])
     res["voice_prompt_frames"] = [int(v.prompt_mels.shape[1]) for v in voices]
     graphs = a.graphs == "on"
-    _stage(res, "parity", lambda: parity(models, voices[:3], graphs))
+    _stage(res, "parity", lambda: parity(models, voices[:3], graphs, fused))
     _stage(res, "matmul_peak", matmul_peak)
-    _stage(res, "setup_burst_32", lambda: setup_burst(models, voices, 32))
+    _stage(res, "setup_burst_32", lambda: setup_burst(models, voices, 32, fused))
     peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
     res["engine"], res["reference"] = {}, {}
     for c in [int(x) for x in a.conc.split(",")]:
         _stage(
-            res["engine"], str(c), lambda c=c: run_engine(models, voices, c, a.window, peak, graphs)
+            res["engine"],
+            str(c),
+            lambda c=c: run_engine(models, voices, c, a.window, peak, graphs, fused),
         )
         _save(res, a.json)
     for c in [int(x) for x in a.ref_conc.split(",")]:

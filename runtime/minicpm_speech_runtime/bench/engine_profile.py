@@ -70,6 +70,7 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/engine-profile"))
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--max-streams", type=int, default=64)
+    p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton block kernels")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = REAL if a.generate == "real" else TINY
@@ -77,11 +78,15 @@ def main() -> None:
     models = load_code2wav(folder, dev)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     voices = make_voices(models, [3.0, 6.5, 10.0])
-    cfg = EngineConfig(max_streams=a.max_streams, micro_batch=8)
+    cfg = EngineConfig(max_streams=a.max_streams, micro_batch=8, fused_kernels=a.fused == "on")
     eng = Code2WavEngine(models, cfg)
     t0 = time.perf_counter()
     eng.warmup()
-    res: dict[str, Any] = {"precapture_s": time.perf_counter() - t0, "graphs": {}}
+    res: dict[str, Any] = {
+        "kernels_fused": eng.runner.kernels.fused,
+        "precapture_s": time.perf_counter() - t0,
+        "graphs": {},
+    }
     for key, replay in sorted(eng.runner.graphs.graphs.items()):
         res["graphs"][f"{key.kind}/{key.batch}/{key.frames}/{key.extra}"] = timed_ms(replay)
 

@@ -32,6 +32,7 @@ class EngineConfig:
     micro_batch: int = 8
     n_timesteps: int = 10
     tf32: bool = True
+    fused_kernels: bool = True  # Triton kernels for the DiT's norms/softmax/Mish where usable
     cuda_graphs: bool = True
     precapture: bool = True
     graph_budget: int = 64

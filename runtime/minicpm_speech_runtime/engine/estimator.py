@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .graphs import GraphDispatcher, GraphKey
+from .kernels import BlockKernels
 
 
 @dataclass(slots=True)
@@ -87,8 +88,16 @@ def _block_weights(block: nn.Module, c: torch.Tensor) -> BlockWeights:
 class BatchedEstimator:
     """Owns the estimator caches of all slots and runs the 10-step CFG Euler solve."""
 
-    def __init__(self, cfm: nn.Module, slots: int, frames: int, n_timesteps: int) -> None:
+    def __init__(
+        self,
+        cfm: nn.Module,
+        slots: int,
+        frames: int,
+        n_timesteps: int,
+        kernels: BlockKernels | None = None,
+    ) -> None:
         self.cfm = cfm
+        self.kernels = kernels or BlockKernels(fused=False)
         self.est = cfm.estimator
         blocks = self.est.blocks
         attn = blocks[0].attn
@@ -110,6 +119,7 @@ class BatchedEstimator:
             final = self.est.final_layer
             shift, scale = final.adaLN_modulation(temb).chunk(2, dim=-1)
             self.final_ln = torch.stack([1 + scale, shift], dim=1).contiguous()  # [steps, 2, H]
+            self.final_eps = final.norm_final.eps
 
     @property
     def nbytes(self) -> int:
@@ -171,13 +181,17 @@ class BatchedEstimator:
         s: SolveInputs,
     ) -> torch.Tensor:
         """The DiT for one Euler step; returns the velocity [R, F, 80]."""
-        est = self.est
-        h = est.in_proj(h)
-        for b, w in enumerate(self.weights):
-            h = self.block(step, b, w, h, key_bias, rows, s)
-        ln = self.final_ln[step]
-        h = F.layer_norm(h, (self.hidden,), ln[0], ln[1], est.final_layer.norm_final.eps)
-        return est.final_layer.linear(h)
+        # each residual update is fused with the layer norm that follows it, the last one
+        # with the final layer's norm
+        ws = self.weights
+        norms = [(w.ln[step, 0].unbind(0), w.eps) for w in ws[1:]]
+        norms.append((self.final_ln[step].unbind(0), self.final_eps))
+        x, h = self.kernels.residual_norm(
+            self.est.in_proj(h), None, None, ws[0].ln[step, 0].unbind(0), ws[0].eps
+        )
+        for b, w in enumerate(ws):
+            x, h = self.block(step, b, w, x, h, norms[b], key_bias, rows, s)
+        return self.est.final_layer.linear(h)
 
     def block(
         self,
@@ -185,17 +199,20 @@ class BatchedEstimator:
         b: int,
         w: BlockWeights,
         x: torch.Tensor,
+        h: torch.Tensor,
+        next_norm: tuple[tuple[torch.Tensor, torch.Tensor], float],
         key_bias: torch.Tensor,
         rows: tuple[torch.Tensor, torch.Tensor],
         s: SolveInputs,
-    ) -> torch.Tensor:
-        ln, gate, hid = w.ln[step], w.gate[step], (self.hidden,)
-        h = F.layer_norm(x, hid, ln[0, 0], ln[0, 1], w.eps)
-        x = torch.addcmul(x, gate[0], self.attention(step, b, w, h, key_bias, rows, s))
-        h = F.layer_norm(x, hid, ln[1, 0], ln[1, 1], w.eps)
-        x = torch.addcmul(x, gate[1], self.conv_block(step, b, w, h, s))
-        h = F.layer_norm(x, hid, ln[2, 0], ln[2, 1], w.eps)
-        return torch.addcmul(x, gate[2], self.est.blocks[b].mlp(h))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual stream ``x`` and its first norm ``h`` in; the same for the next block out."""
+        ln, gate, k = w.ln[step], w.gate[step], self.kernels
+        y = self.attention(step, b, w, h, key_bias, rows, s)
+        x, h = k.residual_norm(x, gate[0], y, ln[1].unbind(0), w.eps)
+        x, h = k.residual_norm(
+            x, gate[1], self.conv_block(step, b, w, h, s), ln[2].unbind(0), w.eps
+        )
+        return k.residual_norm(x, gate[2], self.est.blocks[b].mlp(h), *next_norm)
 
     def attention(
         self,
@@ -208,18 +225,17 @@ class BatchedEstimator:
         s: SolveInputs,
     ) -> torch.Tensor:
         n, frames, _ = x.shape
-        hd, d = (self.heads, self.head_dim), (self.head_dim,)
-        q, k, v = F.linear(x, w.qkv_w, w.qkv_b).view(n, frames, 3, *hd).unbind(2)  # [R, F, H, D]
-        q = F.layer_norm(q, d, *w.q_norm, w.qk_eps)
-        k = F.layer_norm(k, d, *w.k_norm, w.qk_eps)
+        hd = (self.heads, self.head_dim)
+        qkv = F.linear(x, w.qkv_w, w.qkv_b)
+        q, k, v = self.kernels.qk_heads(qkv, *hd, w.q_norm, w.k_norm, w.qk_eps)
         k_cache = self.k[step, b, 2 * s.lo : 2 * s.hi]  # [R, H, T, D] view of the slot range
         v_cache = self.v[step, b, 2 * s.lo : 2 * s.hi]
         k_cache[rows[0], :, rows[1]] = k  # in place
         v_cache[rows[0], :, rows[1]] = v
         # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
         # attention kernels run on the SIMT units and were the step's largest cost
-        scores = torch.matmul(q.transpose(1, 2), k_cache.transpose(2, 3))  # [R, H, F, T]
-        scores = torch.softmax(scores.add_(key_bias), dim=-1)
+        scores = torch.matmul(q, k_cache.transpose(2, 3))  # [R, H, F, T]
+        scores = self.kernels.masked_softmax_(scores, key_bias)
         o = torch.matmul(scores, v_cache)  # [R, H, F, D]
         return self.est.blocks[b].attn.proj(o.transpose(1, 2).reshape(n, frames, -1))
 
@@ -233,7 +249,7 @@ class BatchedEstimator:
         y = torch.cat([c1, x], dim=1)  # [R, 2 + F, C]
         new1 = _last_two(y, s.last_idx)
         y = _causal_conv(y, w.conv1, block[1].bias)
-        y = block[4](block[3](y))  # LayerNorm, Mish
+        y = self.kernels.norm_mish(y, (block[3].weight, block[3].bias), block[3].eps)
         y = torch.cat([c2, y], dim=1)
         new2 = _last_two(y, s.last_idx)
         y = _causal_conv(y, w.conv2, block[6].bias)

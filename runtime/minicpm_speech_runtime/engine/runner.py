@@ -29,6 +29,7 @@ from .config import (
 from .encoder import BatchedEncoder, EncoderCache
 from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
 from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
+from .kernels import BlockKernels
 from .setup_cache import SetupCache, VoiceSetup
 from .state import Chunk, FrameMap, StreamState
 from .vocoder import BatchedVocoder, VocoderCache
@@ -58,11 +59,12 @@ class Runner:
         self.flow, self.device, self.config = models.flow, models.device, config
         self.trash = config.cache_frames - 1
         steps = config.n_timesteps
+        self.kernels = BlockKernels.for_device(models.device, config.fused_kernels)
         self.estimator = BatchedEstimator(
-            self.flow.decoder, config.max_streams, config.cache_frames, steps
+            self.flow.decoder, config.max_streams, config.cache_frames, steps, self.kernels
         )
         self.setup_estimator = BatchedEstimator(
-            self.flow.decoder, config.micro_batch, config.setup_cache_frames, steps
+            self.flow.decoder, config.micro_batch, config.setup_cache_frames, steps, self.kernels
         )
         if graph_backend is None and config.cuda_graphs and models.device.type == "cuda":
             graph_backend = CudaGraphBackend(models.device)

@@ -1,0 +1,115 @@
+"""Run under ``TRITON_INTERPRET=1``: the Triton kernels vs the torch ops they replace.
+
+Prints one JSON object of max abs differences: each kernel on awkward shapes (widths that are
+not powers of two, masked keys), then one whole batched solve at the tiny checkpoint's dims with
+ragged rows, comparing the velocity output and every cache the solve writes.
+Usage: ``TRITON_INTERPRET=1 python fused_kernels_check.py CHECKPOINT_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from minicpm_speech_runtime.assets import load_code2wav
+from minicpm_speech_runtime.engine.estimator import BatchedEstimator, SolveInputs
+from minicpm_speech_runtime.engine.kernels import BlockKernels
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float((a - b).abs().max())
+
+
+def kernel_diffs(fused: BlockKernels, eager: BlockKernels) -> dict[str, float]:
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    out: dict[str, float] = {}
+    for c in (64, 80):
+        x, y, gate, w, b = rnd(3, 5, c), rnd(3, 5, c), rnd(c), rnd(c), rnd(c)
+        got, want = (
+            fused.residual_norm(x, gate, y, (w, b), 1e-6),
+            eager.residual_norm(x, gate, y, (w, b), 1e-6),
+        )
+        out[f"residual_norm_{c}"] = max(diff(got[0], want[0]), diff(got[1], want[1]))
+        got, want = (
+            fused.residual_norm(x, None, None, (w, b), 1e-6),
+            eager.residual_norm(x, None, None, (w, b), 1e-6),
+        )
+        out[f"norm_{c}"] = diff(got[1], want[1])
+        h = 3 * rnd(3, 5, c)  # wide enough for Mish's tails and softplus's threshold
+        out[f"norm_mish_{c}"] = diff(
+            fused.norm_mish(h, (w, b), 1e-5), eager.norm_mish(h, (w, b), 1e-5)
+        )
+    heads, d = 3, 24
+    qkv = rnd(2, 7, 3 * heads * d)
+    qn, kn = (rnd(d), rnd(d)), (rnd(d), rnd(d))
+    got3, want3 = (
+        fused.qk_heads(qkv, heads, d, qn, kn, 1e-6),
+        eager.qk_heads(qkv, heads, d, qn, kn, 1e-6),
+    )
+    out["qk_heads"] = max(diff(a, b) for a, b in zip(got3, want3, strict=True))
+    scores = rnd(4, 2, 6, 37)
+    bias = torch.zeros(4, 1, 1, 37)
+    bias[:, :, :, 20:] = float("-inf")
+    bias[1] = float("-inf")
+    bias[1, :, :, 36] = 0  # a row with one valid key (a row outside the solve: its trash frame)
+    out["masked_softmax"] = diff(
+        fused.masked_softmax_(scores.clone(), bias), eager.masked_softmax_(scores.clone(), bias)
+    )
+    return out
+
+
+def solve_diffs(checkpoint: str) -> dict[str, float]:
+    models = load_code2wav(checkpoint, "cpu")
+    frames, t = 9, 24
+    runs = []
+    for fused in (True, False):
+        est = BatchedEstimator(models.flow.decoder, 2, t, 10, BlockKernels(fused))
+        g = torch.Generator().manual_seed(1)
+        n, r = 2, 4
+        lens = [frames, frames - 3]  # ragged: the second stream's last 3 frames are padding
+        write = torch.full((r, frames), t - 1, dtype=torch.long)
+        mask = torch.zeros(r, 1, 1, t, dtype=torch.bool)
+        for i, f in enumerate(lens):
+            write[2 * i : 2 * i + 2, :f] = torch.arange(f)
+            mask[2 * i : 2 * i + 2, 0, 0, :f] = True
+        x = torch.randn(n, 80, frames, generator=g)
+        mu = torch.randn(n, 80, frames, generator=g)
+        x[1, :, lens[1] :] = mu[1, :, lens[1] :] = 0
+        s = SolveInputs(
+            0,
+            n,
+            x,
+            mu,
+            torch.randn(n, 80, generator=g),
+            torch.randn(n, 80, frames, generator=g),
+            write,
+            mask,
+            torch.tensor([lens[0]] * 2 + [lens[1]] * 2),
+            torch.ones(r, dtype=torch.bool),
+        )
+        with torch.inference_mode():
+            out = est.solve(s)
+        runs.append((out, est))
+    (a, ea), (b, eb) = runs
+    return {
+        "solve": diff(a, b),
+        "solve_k_cache": diff(ea.k, eb.k),
+        "solve_v_cache": diff(ea.v, eb.v),
+        "solve_conv_cache": diff(ea.conv, eb.conv),
+    }
+
+
+def main() -> None:
+    result = kernel_diffs(BlockKernels(fused=True), BlockKernels(fused=False))
+    result.update(solve_diffs(sys.argv[1]))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
