@@ -10,11 +10,26 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import torch
 from minicpm_speech_runtime.assets import load_code2wav
 from minicpm_speech_runtime.engine.estimator import BatchedEstimator, SolveInputs
 from minicpm_speech_runtime.engine.kernels import BlockKernels
+
+
+def _interpreter_scalar_loop_bounds() -> None:
+    """Triton 3.5's interpreter turns a loaded scalar (a 1-element array) into a loop bound with
+    ``int(array)``, which NumPy 2.4 refuses; the compiled kernel has no such step."""
+    import triton.runtime.interpreter as interp
+
+    patch_tensor = interp._patch_lang_tensor
+
+    def patched(tensor: Any) -> None:
+        patch_tensor(tensor)
+        tensor.__index__ = lambda self: int(self.handle.data.reshape(-1)[0])
+
+    interp._patch_lang_tensor = patched
 
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -45,21 +60,31 @@ def kernel_diffs(fused: BlockKernels, eager: BlockKernels) -> dict[str, float]:
         out[f"norm_mish_{c}"] = diff(
             fused.norm_mish(h, (w, b), 1e-5), eager.norm_mish(h, (w, b), 1e-5)
         )
-    heads, d = 3, 24
-    qkv = rnd(2, 7, 3 * heads * d)
+    heads, d, frames, t = 3, 16, 7, 40
+    qkv = rnd(2, frames, 3 * heads * d)
     qn, kn = (rnd(d), rnd(d)), (rnd(d), rnd(d))
-    got3, want3 = (
-        fused.qk_heads(qkv, heads, d, qn, kn, 1e-6),
-        eager.qk_heads(qkv, heads, d, qn, kn, 1e-6),
-    )
-    out["qk_heads"] = max(diff(a, b) for a, b in zip(got3, want3, strict=True))
-    scores = rnd(4, 2, 6, 37)
-    bias = torch.zeros(4, 1, 1, 37)
-    bias[:, :, :, 20:] = float("-inf")
-    bias[1] = float("-inf")
-    bias[1, :, :, 36] = 0  # a row with one valid key (a row outside the solve: its trash frame)
-    out["masked_softmax"] = diff(
-        fused.masked_softmax_(scores.clone(), bias), eager.masked_softmax_(scores.clone(), bias)
+    pos = torch.stack([torch.arange(frames) + 3, torch.full((frames,), t - 1)])  # row 1: trash
+    rows = (torch.arange(2)[:, None].expand(-1, frames), pos)
+    caches = [rnd(2, heads, t, d) for _ in range(2)]
+    kc, vc = (c.clone() for c in caches)
+    want_q = eager.qkv_into_cache(qkv, heads, d, qn, kn, 1e-6, kc, vc, rows)
+    fk, fv = (c.clone() for c in caches)
+    got_q = fused.qkv_into_cache(qkv, heads, d, qn, kn, 1e-6, fk, fv, rows)
+    # row 1 writes every frame to one position (which wins is unordered): compare row 0
+    out["qkv_into_cache"] = max(diff(got_q, want_q), diff(fk[0], kc[0]), diff(fv[0], vc[0]))
+
+    # attention: rows with valid keys in [5, 29) (a block boundary inside), one row whose only
+    # key is the trash frame, frames past one 64-frame block, a -inf block before valid keys
+    r, f = 4, 70
+    q = rnd(r, heads, f, d)
+    kc, vc = rnd(r, heads, t, d), rnd(r, heads, t, d)
+    bias = torch.full((r, 1, 1, t), float("-inf"))
+    rng = torch.tensor([[5, 29], [5, 29], [t - 1, t], [0, 17]])
+    for i, (lo, hi) in enumerate(rng.tolist()):
+        bias[i, ..., lo:hi] = 0
+    bias[0, ..., 7] = bias[3, ..., 3] = float("-inf")  # holes inside the range
+    out["attention"] = diff(
+        fused.attention(q, kc, vc, bias, rng), eager.attention(q, kc, vc, bias.clone(), rng)
     )
     return out
 
@@ -90,6 +115,7 @@ def solve_diffs(checkpoint: str) -> dict[str, float]:
             torch.randn(n, 80, frames, generator=g),
             write,
             mask,
+            torch.tensor([[0, lens[0]]] * 2 + [[0, lens[1]]] * 2),
             torch.tensor([lens[0]] * 2 + [lens[1]] * 2),
             torch.ones(r, dtype=torch.bool),
         )
@@ -106,6 +132,7 @@ def solve_diffs(checkpoint: str) -> dict[str, float]:
 
 
 def main() -> None:
+    _interpreter_scalar_loop_bounds()
     result = kernel_diffs(BlockKernels(fused=True), BlockKernels(fused=False))
     result.update(solve_diffs(sys.argv[1]))
     print(json.dumps(result))

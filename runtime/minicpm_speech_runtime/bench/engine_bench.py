@@ -427,14 +427,14 @@ def main() -> None:
     _stage(res, "setup_burst_32", lambda: setup_burst(models, voices, 32, fused))
     peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
     res["engine"], res["reference"] = {}, {}
-    for c in [int(x) for x in a.conc.split(",")]:
+    for c in [int(x) for x in a.conc.split(",") if x]:
         _stage(
             res["engine"],
             str(c),
             lambda c=c: run_engine(models, voices, c, a.window, peak, graphs, fused),
         )
         _save(res, a.json)
-    for c in [int(x) for x in a.ref_conc.split(",")]:
+    for c in [int(x) for x in a.ref_conc.split(",") if x]:
         _stage(res["reference"], str(c), lambda c=c: run_reference(models, voices, c, a.ref_window))
         _save(res, a.json)
     res["ratio_audio_s_per_s"] = {

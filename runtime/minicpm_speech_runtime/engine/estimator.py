@@ -36,6 +36,7 @@ class SolveInputs:
     cond: torch.Tensor  # [n, 80, F] prompt mel in setup, zeros in decode
     write_pos: torch.Tensor  # [R, F] int64 physical position of each new frame (trash if unused)
     key_mask: torch.Tensor  # [R, 1, 1, T] bool, valid keys including the new frames
+    key_range: torch.Tensor  # [R, 2] int64 [lo, hi) holding every valid key of the row
     last_idx: torch.Tensor  # [R] int64 frames per row (conv caches keep the 2 before it)
     active: torch.Tensor  # [R] bool rows whose caches this solve updates
 
@@ -224,20 +225,15 @@ class BatchedEstimator:
         rows: tuple[torch.Tensor, torch.Tensor],
         s: SolveInputs,
     ) -> torch.Tensor:
-        n, frames, _ = x.shape
-        hd = (self.heads, self.head_dim)
         qkv = F.linear(x, w.qkv_w, w.qkv_b)
-        q, k, v = self.kernels.qk_heads(qkv, *hd, w.q_norm, w.k_norm, w.qk_eps)
         k_cache = self.k[step, b, 2 * s.lo : 2 * s.hi]  # [R, H, T, D] view of the slot range
         v_cache = self.v[step, b, 2 * s.lo : 2 * s.hi]
-        k_cache[rows[0], :, rows[1]] = k  # in place
-        v_cache[rows[0], :, rows[1]] = v
-        # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
-        # attention kernels run on the SIMT units and were the step's largest cost
-        scores = torch.matmul(q, k_cache.transpose(2, 3))  # [R, H, F, T]
-        scores = self.kernels.masked_softmax_(scores, key_bias)
-        o = torch.matmul(scores, v_cache)  # [R, H, F, D]
-        return self.est.blocks[b].attn.proj(o.transpose(1, 2).reshape(n, frames, -1))
+        hd = (self.heads, self.head_dim)
+        q = self.kernels.qkv_into_cache(  # new keys/values written in place
+            qkv, *hd, w.q_norm, w.k_norm, w.qk_eps, k_cache, v_cache, rows
+        )
+        o = self.kernels.attention(q, k_cache, v_cache, key_bias, s.key_range)
+        return self.est.blocks[b].attn.proj(o)
 
     def conv_block(
         self, step: int, b: int, w: BlockWeights, x: torch.Tensor, s: SolveInputs
@@ -284,6 +280,7 @@ class GraphedSolve:
         self.spk = torch.zeros(n, 80, device=dev, dtype=dt)
         self.write = torch.full((2 * n, f), self.trash, dtype=torch.long, device=dev)
         self.mask = torch.zeros(2 * n, 1, 1, t, dtype=torch.bool, device=dev)
+        self.range = torch.zeros(2 * n, 2, dtype=torch.long, device=dev)
         self.last = torch.zeros(2 * n, dtype=torch.long, device=dev)
         self.active = torch.zeros(2 * n, dtype=torch.bool, device=dev)
         for b in batch_sizes:
@@ -313,6 +310,7 @@ class GraphedSolve:
             self.cond[:b, :, :f],
             self.write[: 2 * b, :f],
             self.mask[: 2 * b],
+            self.range[: 2 * b],
             self.last[: 2 * b],
             self.active[: 2 * b],
         )
@@ -326,6 +324,7 @@ class GraphedSolve:
             (v.cond, s.cond),
             (v.write_pos, s.write_pos),
             (v.key_mask, s.key_mask),
+            (v.key_range, s.key_range),
             (v.last_idx, s.last_idx),
             (v.active, s.active),
         ):
@@ -342,6 +341,7 @@ class GraphedSolve:
             t.zero_()
         self.write.fill_(self.trash)
         self.mask[..., self.trash] = True
+        self.range[:, 0], self.range[:, 1] = self.trash, self.trash + 1
 
 
 def _interleave(a: torch.Tensor) -> torch.Tensor:

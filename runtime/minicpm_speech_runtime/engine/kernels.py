@@ -1,11 +1,12 @@
 """The DiT block's memory-bound steps: Triton kernels on CUDA, the same torch ops elsewhere.
 
-Between its matmuls a block runs layer norms, residual updates, q/k head norms, a key-masked
-softmax and the conv tail (norm, Mish). Run as torch ops they took more device time than the
-matmuls (``runtime/bench-results/profile-h200-b9c21dc.json``, decode solve at 32 streams:
-18.6 ms of layer-norm kernels, ~21 ms elementwise and copies, 9 ms softmax, 36 ms of GEMMs),
-mostly because each is several passes over memory and the 64-wide head norms launch one
-block per head. :mod:`.triton_kernels` does each in one pass.
+Between its matmuls a block runs layer norms, residual updates, q/k head norms, cache writes,
+a key-masked softmax and the conv tail (norm, Mish). As torch ops they took more device time
+than the matmuls (``runtime/bench-results/profile-h200-b9c21dc.json``, a decode solve at 32
+streams: 18.6 ms of layer-norm kernels, ~21 ms elementwise and copies, 9 ms softmax, 36 ms of
+GEMMs), because each is several passes over memory, the 64-wide head norms launch one block
+per head, and the attention wrote, re-read and re-wrote a [rows, heads, frames, cache] score
+tensor. :mod:`.triton_kernels` does each in one pass and attends without storing the scores.
 
 Both implementations compute the same fp32 operations; the choice is made once per engine
 (``EngineConfig.fused_kernels``, on by default where Triton and CUDA are present).
@@ -58,23 +59,48 @@ class BlockKernels:
             x = torch.addcmul(x, gate, y)  # type: ignore[arg-type]
         return x, F.layer_norm(x, (x.shape[-1],), norm[0], norm[1], eps)
 
-    def qk_heads(
-        self, qkv: torch.Tensor, heads: int, head_dim: int, q_norm: Pair, k_norm: Pair, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Split [R, F, 3 * H * D] into q [R, H, F, D] and k, v [R, F, H, D], q/k normed."""
+    def qkv_into_cache(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        head_dim: int,
+        q_norm: Pair,
+        k_norm: Pair,
+        eps: float,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        rows: Pair,
+    ) -> torch.Tensor:
+        """Split [R, F, 3 * H * D]; q/k normed; k and v written into the caches [R, H, T, D]
+        at ``rows`` (row index, position) per new frame; returns q [R, H, F, D]."""
         if self.fused:
-            return self._t.qk_heads(qkv, heads, head_dim, q_norm, k_norm, eps)  # type: ignore[no-any-return]
+            return self._t.qkv_into_cache(  # type: ignore[no-any-return]
+                qkv, heads, head_dim, q_norm, k_norm, eps, k_cache, v_cache, rows[1]
+            )
         r, f, _ = qkv.shape
         q, k, v = qkv.view(r, f, 3, heads, head_dim).unbind(2)
         q = F.layer_norm(q, (head_dim,), *q_norm, eps)
-        k = F.layer_norm(k, (head_dim,), *k_norm, eps)
-        return q.transpose(1, 2), k, v
+        k_cache[rows[0], :, rows[1]] = F.layer_norm(k, (head_dim,), *k_norm, eps)
+        v_cache[rows[0], :, rows[1]] = v
+        return q.transpose(1, 2)
 
-    def masked_softmax_(self, scores: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
-        """Softmax over keys of ``scores + key_bias`` (0 or -inf per key), into ``scores``."""
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        key_bias: torch.Tensor,
+        key_range: torch.Tensor,
+    ) -> torch.Tensor:
+        """softmax(q k^T + key_bias) v -> [R, F, H * D]; ``key_bias`` is 0 or -inf per key
+        and every valid key of row r lies in ``key_range[r]`` (which the fused kernel scans)."""
         if self.fused:
-            return self._t.masked_softmax_(scores, key_bias)  # type: ignore[no-any-return]
-        return torch.softmax(scores.add_(key_bias), dim=-1)
+            return self._t.attention(q, k_cache, v_cache, key_bias, key_range)  # type: ignore[no-any-return]
+        # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
+        # attention kernels run on the SIMT units and were the step's largest cost
+        scores = torch.matmul(q, k_cache.transpose(2, 3))  # [R, H, F, T]
+        o = torch.matmul(torch.softmax(scores.add_(key_bias), dim=-1), v_cache)
+        return o.transpose(1, 2).flatten(2)
 
     def norm_mish(self, x: torch.Tensor, norm: Pair, eps: float) -> torch.Tensor:
         if self.fused:

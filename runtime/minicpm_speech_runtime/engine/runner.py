@@ -282,6 +282,7 @@ class Runner:
         mask[:, 0, 0, trash] = True  # rows outside this solve attend to their trash frame
         last = torch.zeros(2 * n, dtype=torch.long)
         active = torch.zeros(2 * n, dtype=torch.bool)
+        key_range = torch.tensor([trash, trash + 1]).repeat(2 * n, 1)
         for slot, _, new, valid in rows:
             r = 2 * (slot - lo)
             write[r : r + 2, : len(new)] = torch.tensor(new, dtype=torch.long)
@@ -289,6 +290,7 @@ class Runner:
             mask[r : r + 2, 0, 0, valid] = True
             last[r : r + 2] = len(new)
             active[r : r + 2] = True
+            key_range[r : r + 2] = torch.tensor([min(valid), max(valid) + 1])
         dev = self.device
         empty = torch.empty(0, device=dev)
         return SolveInputs(
@@ -300,6 +302,7 @@ class Runner:
             empty,
             write.to(dev),
             mask.to(dev),
+            key_range.to(dev),
             last.to(dev),
             active.to(dev),
         )

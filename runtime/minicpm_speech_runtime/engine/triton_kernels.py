@@ -1,8 +1,9 @@
 """Triton kernels for the DiT block's memory-bound parts (imported only where Triton exists).
 
-Each kernel is one pass over its rows: the residual update and the next layer norm, the q/k head
-norms with q written in the head-major layout attention reads, the key-masked softmax, and the
-conv tail (layer norm then Mish). fp32 throughout, the same operations as the torch ops they
+Each kernel is one pass: the residual update and the next layer norm; the q/k head norms with q
+written in the head-major layout attention reads and k, v written straight into the caches;
+attention over each row's key range with an online softmax, so the scores never reach memory;
+and the conv tail (layer norm then Mish). fp32 throughout, the same operations as the torch ops they
 replace (:mod:`.kernels`), so parity with the reference holds; only summation order differs.
 ``TRITON_INTERPRET=1`` runs them on CPU tensors (the tests do).
 """
@@ -67,15 +68,20 @@ def residual_norm(
 
 
 @triton.jit
-def _qk_heads(
+def _qkv_into_cache(
     QKV,
     QW,
     QB,
     KW,
     KB,
     Q,
-    K,
+    KC,
+    VC,
+    WP,
     frames,
+    sc_r,
+    sc_h,
+    sc_t,
     eps,
     HEADS: tl.constexpr,
     D: tl.constexpr,
@@ -90,6 +96,7 @@ def _qk_heads(
     src = QKV + n * (3 * HEADS * D) + hs * D + ds
     q = tl.load(src, mask=m, other=0.0)
     k = tl.load(src + HEADS * D, mask=m, other=0.0)
+    v = tl.load(src + 2 * HEADS * D, mask=m, other=0.0)
     dm = ds < D
     qw = tl.load(QW + ds, mask=dm, other=0.0)
     qb = tl.load(QB + ds, mask=dm, other=0.0)
@@ -98,45 +105,112 @@ def _qk_heads(
     q = _row_norm(q, m, D, eps) * qw + qb
     k = _row_norm(k, m, D, eps) * kw + kb
     tl.store(Q + ((r * HEADS + hs) * frames + f) * D + ds, q, mask=m)  # [R, H, F, D]
-    tl.store(K + n * (HEADS * D) + hs * D + ds, k, mask=m)  # [R, F, H, D]
+    dst = r * sc_r + hs * sc_h + tl.load(WP + n) * sc_t + ds  # the cache's [R, H, T, D]
+    tl.store(KC + dst, k, mask=m)
+    tl.store(VC + dst, v, mask=m)
 
 
-def qk_heads(
+def qkv_into_cache(
     qkv: torch.Tensor,
     heads: int,
     head_dim: int,
     q_norm: tuple[torch.Tensor, torch.Tensor],
     k_norm: tuple[torch.Tensor, torch.Tensor],
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    write_pos: torch.Tensor,
+) -> torch.Tensor:
+    """q [R, H, F, D]; k and v written into the caches [R, H, T, D] at ``write_pos`` [R, F]."""
     r, f, _ = qkv.shape
-    qkv = qkv.contiguous()
+    qkv, write_pos = qkv.contiguous(), write_pos.contiguous()
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     q = torch.empty(r, heads, f, head_dim, device=qkv.device, dtype=qkv.dtype)
-    k = torch.empty(r, f, heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     bh, bd = triton.next_power_of_2(heads), triton.next_power_of_2(head_dim)
-    _qk_heads[(r * f,)](qkv, *q_norm, *k_norm, q, k, f, eps, heads, head_dim, bh, bd)
-    v = qkv.view(r, f, 3, heads, head_dim)[:, :, 2]
-    return q, k, v
+    sr, sh, st, _ = k_cache.stride()
+    _qkv_into_cache[(r * f,)](
+        qkv, *q_norm, *k_norm, q, k_cache, v_cache, write_pos, f, sr, sh, st, eps,
+        heads, head_dim, bh, bd,
+    )  # fmt: skip
+    return q
 
 
 @triton.jit
-def _masked_softmax(S, BIAS, rows_per_bias, T: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    m = cols < T
-    s = tl.load(S + row * T + cols, mask=m, other=float("-inf"))
-    s = s + tl.load(BIAS + (row // rows_per_bias) * T + cols, mask=m, other=0.0)
-    e = tl.exp(s - tl.max(s, axis=0))
-    tl.store(S + row * T + cols, e / tl.sum(e, axis=0), mask=m)
+def _attention(
+    Q,
+    KC,
+    VC,
+    BIAS,
+    RANGE,
+    OUT,
+    frames,
+    keys,
+    sc_r,
+    sc_h,
+    sc_t,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One (row, head, block of frames): online softmax over the row's key range."""
+    rh = tl.program_id(1).to(tl.int64)
+    r, h = rh // HEADS, rh % HEADS
+    fs = tl.program_id(0) * BM + tl.arange(0, BM)
+    ds = tl.arange(0, D)
+    fm = fs < frames
+    q = tl.load(Q + (rh * frames + fs[:, None]) * D + ds[None, :], mask=fm[:, None], other=0.0)
+    lo = tl.load(RANGE + 2 * r)
+    hi = tl.load(RANGE + 2 * r + 1)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    base = r * sc_r + h * sc_h
+    for start in range(lo - lo % BN, hi, BN):
+        ts = start + tl.arange(0, BN)
+        tm = ts < keys
+        kv = base + ts[:, None] * sc_t + ds[None, :]
+        k = tl.load(KC + kv, mask=tm[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s += tl.load(BIAS + r * keys + ts, mask=tm, other=float("-inf"))[None, :]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key seen yet
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        v = tl.load(VC + kv, mask=tm[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    out = OUT + ((r * frames + fs[:, None]) * HEADS + h) * D + ds[None, :]  # [R, F, H, D]
+    tl.store(out, acc / l_i[:, None], mask=fm[:, None])
 
 
-def masked_softmax_(scores: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
-    """In place; scores [R, H, F, T] contiguous, key_bias [R, 1, 1, T]."""
-    r, h, f, t = scores.shape
-    assert scores.is_contiguous()
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key_bias: torch.Tensor,
+    key_range: torch.Tensor,
+) -> torch.Tensor:
+    """softmax(q k^T + bias) v over each row's keys ``[lo, hi)`` -> [R, F, H * D].
+
+    ``key_range`` [R, 2]: keys outside it must be masked in ``key_bias`` (they are skipped).
+    Matmuls in TF32 exactly when torch's are (``allow_tf32``), as the torch path.
+    """
+    r, h, f, d = q.shape
+    t = k_cache.shape[2]
+    assert q.is_contiguous() and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    out = torch.empty(r, f, h * d, device=q.device, dtype=q.dtype)
     bias = key_bias.reshape(r, t).contiguous()
-    _masked_softmax[(r * h * f,)](scores, bias, h * f, t, triton.next_power_of_2(t))
-    return scores
+    precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    bm = 64 if f > 32 else (32 if f > 16 else 16)
+    sr, sh, st, _ = k_cache.stride()
+    _attention[(triton.cdiv(f, bm), r * h)](
+        q, k_cache, v_cache, bias, key_range.contiguous(), out, f, t, sr, sh, st,
+        h, d, bm, 64, precision,
+    )  # fmt: skip
+    return out
 
 
 @triton.jit
