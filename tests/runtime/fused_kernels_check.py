@@ -86,6 +86,15 @@ def kernel_diffs(fused: BlockKernels, eager: BlockKernels) -> dict[str, float]:
     out["attention"] = diff(
         fused.attention(q, kc, vc, bias, rng), eager.attention(q, kc, vc, bias.clone(), rng)
     )
+
+    # conv taps: channels past one 256-wide block, a strided cache half, rows ending at 0
+    # (an inactive row keeps its cache), mid-way and at the last frame
+    for c in (80, 300):
+        x = rnd(3, 6, c)
+        cache = rnd(3, 2, 2 * c)[:, :, c:]
+        last = torch.tensor([0, 4, 6])
+        got, want = fused.conv_taps(x, cache, last), eager.conv_taps(x, cache, last)
+        out[f"conv_taps_{c}"] = max(diff(got[0], want[0]), diff(got[1], want[1]))
     return out
 
 

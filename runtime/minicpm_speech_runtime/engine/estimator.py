@@ -241,14 +241,12 @@ class BatchedEstimator:
         """``CausalConvBlock.forward_chunk`` on ragged rows; caches updated for active rows."""
         cache = self.conv[step, b, 2 * s.lo : 2 * s.hi]  # [R, 2, 2 * hidden]
         c1, c2 = cache.split(self.hidden, dim=2)
-        block = self.est.blocks[b].conv.block
-        y = torch.cat([c1, x], dim=1)  # [R, 2 + F, C]
-        new1 = _last_two(y, s.last_idx)
-        y = _causal_conv(y, w.conv1, block[1].bias)
-        y = self.kernels.norm_mish(y, (block[3].weight, block[3].bias), block[3].eps)
-        y = torch.cat([c2, y], dim=1)
-        new2 = _last_two(y, s.last_idx)
-        y = _causal_conv(y, w.conv2, block[6].bias)
+        block, k = self.est.blocks[b].conv.block, self.kernels
+        taps, new1 = k.conv_taps(x, c1, s.last_idx)
+        y = F.linear(taps, w.conv1, block[1].bias)
+        y = k.norm_mish(y, (block[3].weight, block[3].bias), block[3].eps)
+        taps, new2 = k.conv_taps(y, c2, s.last_idx)
+        y = F.linear(taps, w.conv2, block[6].bias)
         new = torch.cat([new1, new2], dim=2)
         torch.where(s.active[:, None, None], new, cache, out=cache)
         return y
@@ -347,15 +345,3 @@ class GraphedSolve:
 def _interleave(a: torch.Tensor) -> torch.Tensor:
     """[n, ...] -> [2n, ...] as (row, zeros) pairs: the conditional and unconditional rows."""
     return torch.stack([a, torch.zeros_like(a)], dim=1).flatten(0, 1)
-
-
-def _last_two(y: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """y: [R, 2 + F, C] (2 cache frames first); the 2 frames before each row's end -> [R, 2, C]."""
-    idx = n[:, None] + torch.arange(2, device=y.device)  # positions n, n+1 in cache-prefixed time
-    return y.gather(1, idx[:, :, None].expand(-1, -1, y.shape[2]))
-
-
-def _causal_conv(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """A kernel-3 conv over [R, 2 + F, C] (cache frames first) as one matmul -> [R, F, C_out]."""
-    taps = y.unfold(1, 3, 1)  # [R, F, C, 3]: channel-major, tap-minor, as ``weight`` is flattened
-    return F.linear(taps.reshape(*taps.shape[:2], -1), weight, bias)

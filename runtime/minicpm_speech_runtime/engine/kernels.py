@@ -106,3 +106,15 @@ class BlockKernels:
         if self.fused:
             return self._t.norm_mish(x, norm[0], norm[1], eps)  # type: ignore[no-any-return]
         return F.mish(F.layer_norm(x, (x.shape[-1],), norm[0], norm[1], eps))
+
+    def conv_taps(self, x: torch.Tensor, cache: torch.Tensor, last_idx: torch.Tensor) -> Pair:
+        """A kernel-3 causal conv's input as one matmul operand: x [R, F, C] after its 2 cache
+        frames [R, 2, C] -> taps [R, F, 3C] (channel-major, tap-minor, as the conv weight is
+        flattened) and the 2 frames before each row's end ``last_idx`` (the next cache)."""
+        if self.fused:
+            return self._t.conv_taps(x, cache, last_idx)  # type: ignore[no-any-return]
+        y = torch.cat([cache, x], dim=1)  # [R, 2 + F, C]
+        idx = last_idx[:, None] + torch.arange(2, device=y.device)
+        new = y.gather(1, idx[:, :, None].expand(-1, -1, y.shape[2]))
+        taps = y.unfold(1, 3, 1)  # [R, F, C, 3]
+        return taps.reshape(*taps.shape[:2], -1), new

@@ -236,3 +236,56 @@ def norm_mish(
     out = torch.empty_like(x)
     _norm_mish[(x.numel() // c,)](x, weight, bias, out, eps, c, triton.next_power_of_2(c))
     return out
+
+
+@triton.jit
+def _conv_taps(
+    X,
+    CACHE,
+    LAST,
+    TAPS,
+    NEW,
+    frames,
+    s_cr,
+    s_ct,
+    C: tl.constexpr,
+    BC: tl.constexpr,
+):
+    """Row (r, f) of the taps [R, F, 3C]: frames f, f+1, f+2 of [cache (2 frames) | x], channel-
+    major and tap-minor; program (r, 0) also copies the frames that become the row's cache."""
+    n = tl.program_id(0).to(tl.int64)
+    r, f = n // frames, n % frames
+    cs = tl.arange(0, BC)[:, None]
+    js = tl.arange(0, 4)[None, :]
+    for c0 in range(0, C, BC):
+        c = c0 + cs
+        t = f + js  # time in [cache | x]
+        m = (c < C) & (js < 3)
+        from_cache = tl.load(CACHE + r * s_cr + t * s_ct + c, mask=m & (t < 2), other=0.0)
+        from_x = tl.load(X + (r * frames + t - 2) * C + c, mask=m & (t >= 2), other=0.0)
+        tl.store(TAPS + n * (3 * C) + c * 3 + js, tl.where(t < 2, from_cache, from_x), mask=m)
+    if f == 0:
+        last = tl.load(LAST + r)
+        cv = tl.arange(0, BC)
+        for c0 in range(0, C, BC):
+            c = c0 + cv
+            for i in range(2):
+                t = last + i
+                a = tl.load(CACHE + r * s_cr + t * s_ct + c, mask=(c < C) & (t < 2), other=0.0)
+                b = tl.load(X + (r * frames + t - 2) * C + c, mask=(c < C) & (t >= 2), other=0.0)
+                tl.store(NEW + (r * 2 + i) * C + c, tl.where(t < 2, a, b), mask=c < C)
+
+
+def conv_taps(
+    x: torch.Tensor, cache: torch.Tensor, last_idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, F, C], cache [R, 2, C] (a strided view), last_idx [R] -> taps [R, F, 3C] and the
+    two frames before each row's end, [R, 2, C]: what the conv cache becomes."""
+    r, f, c = x.shape
+    x = x.contiguous()
+    assert cache.stride(2) == 1
+    taps = torch.empty(r, f, 3 * c, device=x.device, dtype=x.dtype)
+    new = torch.empty(r, 2, c, device=x.device, dtype=x.dtype)
+    bc = min(triton.next_power_of_2(c), 256)
+    _conv_taps[(r * f,)](x, cache, last_idx, taps, new, f, cache.stride(0), cache.stride(1), c, bc)
+    return taps, new
