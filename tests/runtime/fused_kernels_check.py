@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from minicpm_speech_runtime.assets import load_code2wav
 from minicpm_speech_runtime.engine.estimator import BatchedEstimator, SolveInputs
-from minicpm_speech_runtime.engine.kernels import BlockKernels
+from minicpm_speech_runtime.engine.kernels import Kernels
 
 
 def _interpreter_scalar_loop_bounds() -> None:
@@ -37,7 +37,7 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max())
 
 
-def kernel_diffs(fused: BlockKernels, eager: BlockKernels) -> dict[str, float]:
+def kernel_diffs(fused: Kernels, eager: Kernels) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
 
     def rnd(*shape: int) -> torch.Tensor:
@@ -95,7 +95,37 @@ def kernel_diffs(fused: BlockKernels, eager: BlockKernels) -> dict[str, float]:
         last = torch.tensor([0, 4, 6])
         got, want = fused.conv_taps(x, cache, last), eager.conv_taps(x, cache, last)
         out[f"conv_taps_{c}"] = max(diff(got[0], want[0]), diff(got[1], want[1]))
+
+    x, alpha = 4 * rnd(2, 5, 33), rnd(5).abs() + 0.1
+    out["snake"] = diff(fused.snake(x, alpha), eager.snake(x, alpha))
     return out
+
+
+def hift_diffs(fused: Kernels) -> dict[str, float]:
+    """A narrow HiFT (the reference's class) with its Snakes fused vs as shipped."""
+    from minicpm_speech_runtime.bench.parity import fixed_nsf_noise
+    from minicpm_speech_runtime.engine.vocoder import _snakes
+    from stepaudio2.flashcosyvoice.modules.hifigan import ConvRNNF0Predictor, HiFTGenerator
+
+    torch.manual_seed(3)
+    hift = HiFTGenerator(
+        base_channels=32,
+        resblock_kernel_sizes=[3],
+        resblock_dilation_sizes=[[1]],
+        f0_predictor=ConvRNNF0Predictor(cond_channels=32),
+    ).eval()
+    mel, src = torch.randn(2, 80, 12), torch.zeros(2, 1, 0)
+    with torch.inference_mode(), fixed_nsf_noise():
+        want = hift(mel, src)
+        with _snakes(hift, fused):
+            got = hift(mel, src)
+        again = hift(mel, src)  # the override is gone after the context
+    overridden = sum("forward" in vars(m) for m in hift.modules())
+    return {
+        "hift_speech": diff(got[0], want[0]),
+        "hift_source": diff(got[1], want[1]),
+        "hift_after_context": diff(again[0], want[0]) + overridden,
+    }
 
 
 def solve_diffs(checkpoint: str) -> dict[str, float]:
@@ -103,7 +133,7 @@ def solve_diffs(checkpoint: str) -> dict[str, float]:
     frames, t = 9, 24
     runs = []
     for fused in (True, False):
-        est = BatchedEstimator(models.flow.decoder, 2, t, 10, BlockKernels(fused))
+        est = BatchedEstimator(models.flow.decoder, 2, t, 10, Kernels(fused))
         g = torch.Generator().manual_seed(1)
         n, r = 2, 4
         lens = [frames, frames - 3]  # ragged: the second stream's last 3 frames are padding
@@ -142,7 +172,8 @@ def solve_diffs(checkpoint: str) -> dict[str, float]:
 
 def main() -> None:
     _interpreter_scalar_loop_bounds()
-    result = kernel_diffs(BlockKernels(fused=True), BlockKernels(fused=False))
+    result = kernel_diffs(Kernels(fused=True), Kernels(fused=False))
+    result.update(hift_diffs(Kernels(fused=True)))
     result.update(solve_diffs(sys.argv[1]))
     print(json.dumps(result))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from minicpm_speech_runtime.engine import Code2WavEngine, EngineConfig
-from minicpm_speech_runtime.engine.kernels import BlockKernels
+from minicpm_speech_runtime.engine.kernels import Kernels
 
 CHECK = Path(__file__).with_name("fused_kernels_check.py")
 
@@ -35,13 +35,13 @@ def test_triton_kernels_match_torch_ops(tiny_checkpoint: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     diffs = json.loads(run.stdout.strip().splitlines()[-1])
     kernels = {"residual_norm_80", "qkv_into_cache", "attention", "norm_mish_64", "conv_taps_300"}
-    assert kernels | {"solve", "solve_conv_cache"} <= set(diffs)
+    assert kernels | {"snake", "hift_speech", "solve", "solve_conv_cache"} <= set(diffs)
     bad = {k: v for k, v in diffs.items() if not v <= 1e-5}  # NaN fails too
     assert not bad, bad
 
 
 def test_kernels_are_torch_ops_where_triton_cannot_run(models) -> None:  # type: ignore[no-untyped-def]
-    assert not BlockKernels.for_device(torch.device("cpu"), wanted=True).fused
+    assert not Kernels.for_device(torch.device("cpu"), wanted=True).fused
     eng = Code2WavEngine(models, EngineConfig(max_streams=2, micro_batch=2))
     assert not eng.runner.estimator.kernels.fused
     assert eng.runner.estimator.kernels is eng.runner.setup_estimator.kernels

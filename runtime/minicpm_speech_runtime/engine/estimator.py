@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .graphs import GraphDispatcher, GraphKey
-from .kernels import BlockKernels
+from .kernels import Kernels
 
 
 @dataclass(slots=True)
@@ -95,10 +95,10 @@ class BatchedEstimator:
         slots: int,
         frames: int,
         n_timesteps: int,
-        kernels: BlockKernels | None = None,
+        kernels: Kernels | None = None,
     ) -> None:
         self.cfm = cfm
-        self.kernels = kernels or BlockKernels(fused=False)
+        self.kernels = kernels or Kernels(fused=False)
         self.est = cfm.estimator
         blocks = self.est.blocks
         attn = blocks[0].attn

@@ -30,8 +30,8 @@ def triton_usable(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-class BlockKernels:
-    """The memory-bound steps of a block; ``fused`` selects the Triton kernels."""
+class Kernels:
+    """The memory-bound steps of a DiT block and HiFT's Snake; ``fused`` selects Triton."""
 
     def __init__(self, fused: bool) -> None:
         self.fused = fused
@@ -41,7 +41,7 @@ class BlockKernels:
             self._t = triton_kernels
 
     @classmethod
-    def for_device(cls, device: torch.device, wanted: bool) -> BlockKernels:
+    def for_device(cls, device: torch.device, wanted: bool) -> Kernels:
         return cls(wanted and triton_usable(device))
 
     def residual_norm(
@@ -118,3 +118,10 @@ class BlockKernels:
         new = y.gather(1, idx[:, :, None].expand(-1, -1, y.shape[2]))
         taps = y.unfold(1, 3, 1)  # [R, F, C, 3]
         return taps.reshape(*taps.shape[:2], -1), new
+
+    def snake(self, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        """HiFT's Snake activation on [B, C, T]: five elementwise kernels as torch ops."""
+        if self.fused:
+            return self._t.snake(x, alpha)  # type: ignore[no-any-return]
+        a = alpha[None, :, None]
+        return x + (1.0 / (a + 1e-9)) * torch.pow(torch.sin(x * a), 2)

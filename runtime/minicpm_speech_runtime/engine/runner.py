@@ -29,7 +29,7 @@ from .config import (
 from .encoder import BatchedEncoder, EncoderCache
 from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
 from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
-from .kernels import BlockKernels
+from .kernels import Kernels
 from .setup_cache import SetupCache, VoiceSetup
 from .state import Chunk, FrameMap, StreamState
 from .vocoder import BatchedVocoder, VocoderCache
@@ -59,7 +59,7 @@ class Runner:
         self.flow, self.device, self.config = models.flow, models.device, config
         self.trash = config.cache_frames - 1
         steps = config.n_timesteps
-        self.kernels = BlockKernels.for_device(models.device, config.fused_kernels)
+        self.kernels = Kernels.for_device(models.device, config.fused_kernels)
         self.estimator = BatchedEstimator(
             self.flow.decoder, config.max_streams, config.cache_frames, steps, self.kernels
         )
@@ -88,7 +88,9 @@ class Runner:
             self.flow, models.device, config.max_streams, config.max_prompt_frames
         )
         hift_sizes = decode_sizes if config.vocoder_graphs else None
-        self.vocoder = BatchedVocoder(models.hift, models.device, self.graphs, hift_sizes)
+        self.vocoder = BatchedVocoder(
+            models.hift, models.device, self.graphs, hift_sizes, self.kernels
+        )
         self.setup_cache = SetupCache(config.setup_cache_mib * 2**20, config.setup_cache_voices)
         self.owner: list[StreamState | None] = [None] * config.max_streams
         self.streams: dict[object, DeviceStream] = {}

@@ -10,9 +10,15 @@ replace (:mod:`.kernels`), so parity with the reference holds; only summation or
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+# the interpreter has no libdevice; on the device its sin is the one torch's kernel calls
+_LIBDEVICE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @triton.jit
@@ -289,3 +295,23 @@ def conv_taps(
     bc = min(triton.next_power_of_2(c), 256)
     _conv_taps[(r * f,)](x, cache, last_idx, taps, new, f, cache.stride(0), cache.stride(1), c, bc)
     return taps, new
+
+
+@triton.jit
+def _snake(X, ALPHA, OUT, n, channels, frames, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(X + i, mask=m, other=0.0)
+    a = tl.load(ALPHA + (i // frames) % channels, mask=m, other=1.0)
+    s = libdevice.sin(x * a) if LIBDEVICE else tl.sin(x * a)
+    tl.store(OUT + i, x + (1.0 / (a + 1e-9)) * (s * s), mask=m)
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """BigVGAN's Snake, ``x + sin(alpha x)^2 / (alpha + 1e-9)``, on [B, C, T] in one pass."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _, c, t = x.shape
+    n = x.numel()
+    _snake[(triton.cdiv(n, 1024),)](x, alpha.contiguous(), out, n, c, t, _LIBDEVICE, 1024)
+    return out

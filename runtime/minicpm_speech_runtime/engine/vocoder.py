@@ -9,6 +9,7 @@ has 8 + 50 frames, so one group). The overlap caches and the cross-fade are the 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from torch import nn
 
 from .config import CHUNK_TOKENS
 from .graphs import GraphDispatcher, GraphKey
+from .kernels import Kernels
 
 MEL_CACHE = 8  # frames (160 ms)
 SOURCE_CACHE = MEL_CACHE * 480  # 24 kHz samples per 50 Hz mel frame
@@ -47,8 +49,10 @@ class BatchedVocoder:
         device: torch.device,
         dispatcher: GraphDispatcher | None = None,
         batch_sizes: list[int] | None = None,
+        kernels: Kernels | None = None,
     ) -> None:
         self.hift = hift
+        self.kernels = kernels or Kernels(fused=False)
         window = np.hamming(2 * SOURCE_CACHE)
         self.window = torch.from_numpy(window).to(device)  # float64, as the reference's
         self.dispatcher = dispatcher
@@ -73,7 +77,8 @@ class BatchedVocoder:
         key = None if d is None else d.select("hift", g, frames, extra=source)
         replay = None if key is None or d is None else d.replayer(key)
         if replay is None or key is None:
-            return self.hift(mel, src)
+            with _snakes(self.hift, self.kernels):
+                return self.hift(mel, src)  # type: ignore[no-any-return]
         self._idle()
         self.mel[:g, :, :frames].copy_(mel)
         self.src[:g, :, :source].copy_(src)
@@ -83,7 +88,10 @@ class BatchedVocoder:
     def _body(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
         mel = self.mel[: key.batch, :, : key.frames]
         src = self.src[: key.batch, :, : key.extra]
-        with _graph_safe(self.hift, self.stft_window, self.harmonics):
+        with (
+            _graph_safe(self.hift, self.stft_window, self.harmonics),
+            _snakes(self.hift, self.kernels),
+        ):
             return self.hift(mel, src)  # type: ignore[no-any-return]
 
     def _idle(self) -> None:
@@ -144,6 +152,27 @@ def _fade(fade_in: torch.Tensor, fade_out: torch.Tensor, window: torch.Tensor) -
     fade_in = fade_in.clone()
     fade_in[..., :n] = fade_in[..., :n] * window[:n] + fade_out[..., -n:] * window[n:]
     return fade_in
+
+
+@contextlib.contextmanager
+def _snakes(hift: nn.Module, kernels: Kernels) -> Iterator[None]:
+    """HiFT's Snake activations through ``kernels`` (one pass each when fused; as torch ops
+    they were about half of HiFT's device time). The modules are shared with whoever else runs
+    this HiFT, so the override lives only inside this context."""
+    if not kernels.fused:
+        yield
+        return
+    from stepaudio2.flashcosyvoice.modules.hifigan_components.layers import Snake
+
+    snakes = [m for m in hift.modules() if isinstance(m, Snake)]
+    for m in snakes:
+        alpha = m.alpha.exp() if m.alpha_logscale else m.alpha
+        m.forward = functools.partial(kernels.snake, alpha=alpha.detach())
+    try:
+        yield
+    finally:
+        for m in snakes:
+            del m.forward
 
 
 @contextlib.contextmanager
