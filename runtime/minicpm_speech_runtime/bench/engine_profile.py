@@ -13,6 +13,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -71,6 +72,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--max-streams", type=int, default=64)
     p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton block kernels")
+    p.add_argument("--steady", type=int, default=64, help="closed-loop streams for the timeline")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = REAL if a.generate == "real" else TINY
@@ -78,6 +80,29 @@ def main() -> None:
     models = load_code2wav(folder, dev)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     voices = make_voices(models, [3.0, 6.5, 10.0])
+    res = device_parts(models, a, voices, dev)
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    res["steady"] = steady_timeline(models, a.steady, a.fused == "on")
+    a.json.write_text(json.dumps(res, indent=1, default=str))
+    for k, v in res.items():
+        if isinstance(v, list):
+            print(f"== {k}")
+            for r in v:
+                print("  ", r)
+        elif isinstance(v, dict):
+            print(f"== {k}")
+            for kk, vv in v.items():
+                print(f"   {kk!s:28} {vv:.3f}" if isinstance(vv, float) else f"   {kk} {vv}")
+        else:
+            print(f"{k}: {v}")
+
+
+def device_parts(
+    models: Any, a: argparse.Namespace, voices: list[Any], dev: torch.device
+) -> dict[str, Any]:
+    """Graph replays, the encoder by stream count, HiFT eager, top kernels of each solve."""
     cfg = EngineConfig(max_streams=a.max_streams, micro_batch=8, fused_kernels=a.fused == "on")
     eng = Code2WavEngine(models, cfg)
     t0 = time.perf_counter()
@@ -130,18 +155,62 @@ def main() -> None:
         )
         res["hift32_kernels"] = top_kernels(lambda: models.hift(mel[:32], src[:32]))
     res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0
-    a.json.write_text(json.dumps(res, indent=1, default=str))
-    for k, v in res.items():
-        if isinstance(v, list):
-            print(f"== {k}")
-            for r in v:
-                print("  ", r)
-        elif isinstance(v, dict):
-            print(f"== {k}")
-            for kk, vv in v.items():
-                print(f"   {kk!s:28} {vv:.3f}" if isinstance(vv, float) else f"   {kk} {vv}")
-        else:
-            print(f"{k}: {v}")
+    return res
+
+
+def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict[str, Any]:
+    """The benchmark's closed loop at ``conc`` streams, in steady state: wall time per step,
+    device kernel time per step (the rest is the device waiting for the host), and where the
+    host's time goes."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from .engine_bench import Loop, _engine_loop
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    voices = make_voices(models, [float(s) for s in np.random.default_rng(0).uniform(3, 10, 16)])
+    cfg = EngineConfig(
+        max_streams=conc, micro_batch=min(8, conc), setup_cache_mib=0, fused_kernels=fused
+    )
+    eng = Code2WavEngine(models, cfg)
+    eng.warmup()
+    loop, live = Loop(voices, conc), set[int]()
+    _engine_loop(eng, loop, live, conc, seconds=2.0, min_steps=22, ramp=-(-conc // 10))
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    _sync()
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        _engine_loop(eng, loop, live, conc, seconds=0.0, min_steps=steps)
+        _sync()
+        wall = time.perf_counter() - t0
+    kernel_us = sum(
+        e.device_time_total
+        for e in prof.key_averages()
+        if e.device_type.name == "CUDA" and e.device_time_total
+    )
+    prof_cpu = cProfile.Profile()
+    prof_cpu.enable()
+    t1 = time.perf_counter()
+    _engine_loop(eng, loop, live, conc, seconds=0.0, min_steps=steps)
+    _sync()
+    wall_cprofile = time.perf_counter() - t1
+    prof_cpu.disable()
+    st = pstats.Stats(prof_cpu)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:25]  # type: ignore[attr-defined]
+    host = [
+        {"fn": f"{k[0].split('/')[-1]}:{k[1]}:{k[2]}", "calls": v[1], "tottime_s": v[2]}
+        for k, v in rows
+    ]
+    return {
+        "streams": conc,
+        "steps": steps,
+        "wall_ms_per_step": wall / steps * 1e3,
+        "device_kernel_ms_per_step": kernel_us / 1e3 / steps,
+        "wall_ms_per_step_under_cprofile": wall_cprofile / steps * 1e3,
+        "host_top_tottime": host,
+    }
 
 
 def _fresh_prompts(eng: Code2WavEngine, streams: list[Any]) -> None:
