@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import HISTORY_FRAMES
+from .transfer import to_device
 
 LOOKAHEAD_CACHE = 2  # the reference's lookahead-conv cache (its second conv's kernel - 1)
 
@@ -194,8 +195,7 @@ class BatchedEncoder:
         flat, counts = self._flat_tokens(tokens)
         plan, ints, flags = self._plan(caches, counts, last, prompt_frames)
         dev = self.device
-        ints_d = ints.to(dev, non_blocking=True)
-        flags_d = flags.to(dev, non_blocking=True)
+        ints_d, flags_d = to_device(ints, dev), to_device(flags, dev)
         n1, h1, h2 = plan.frames, plan.hist1, plan.hist2
         n2 = self.stride * n1
         e = n1 + self.lookahead
@@ -224,7 +224,7 @@ class BatchedEncoder:
         )
 
         # token embedding, lookahead conv (the reference zero-pads a last chunk after embed)
-        tok = flat.to(dev, non_blocking=True)[tok_idx]
+        tok = to_device(flat, dev)[tok_idx]
         xs = self.enc.embed(self.flow.input_embedding(tok), None)[0]
         xs = xs.masked_fill(tok_pad, 0.0)
         pl = self.enc.pre_lookahead_layer

@@ -17,6 +17,7 @@ from .graphs import CaptureBackend
 from .runner import Runner
 from .scheduler import Scheduler
 from .state import EndReason, Phase, StreamState
+from .transfer import to_host
 
 
 @dataclass(slots=True)
@@ -136,7 +137,7 @@ class Code2WavEngine:
 
     # internals
     def _decode(self, batch: list) -> list[ChunkOut]:  # type: ignore[type-arg]
-        pcm = self.runner.decode(batch)
+        pcm = to_host(self.runner.decode(batch))
         out = []
         for (s, chunk), wav in zip(batch, pcm, strict=True):
             s.consume(chunk)
@@ -147,9 +148,7 @@ class Code2WavEngine:
                 out.append(self._end(s, EndReason.CANCELLED))
                 continue
             self.counters.audio_samples += wav.shape[0]
-            out.append(
-                ChunkOut(s.stream_id, wav.float().cpu(), chunk.last, "done" if chunk.last else None)
-            )
+            out.append(ChunkOut(s.stream_id, wav, chunk.last, "done" if chunk.last else None))
             if chunk.last:
                 self._release(s, EndReason.DONE)
         return out

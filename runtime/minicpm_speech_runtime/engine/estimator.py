@@ -22,6 +22,7 @@ from torch import nn
 
 from .graphs import GraphDispatcher, GraphKey
 from .kernels import Kernels
+from .transfer import to_device
 
 
 @dataclass(slots=True)
@@ -133,9 +134,8 @@ class BatchedEstimator:
     def noise(self, offsets: list[int], frames: int) -> torch.Tensor:
         """[n, 80, F] slices of the CFM's fixed noise, each starting at its cache length."""
         noise = self.cfm.rand_noise[0]  # [80, N]
-        idx = torch.tensor(offsets, device=noise.device)[:, None] + torch.arange(
-            frames, device=noise.device
-        )
+        start = to_device(torch.tensor(offsets), noise.device)
+        idx = start[:, None] + torch.arange(frames, device=noise.device)
         return noise[:, idx.clamp_(max=noise.shape[1] - 1)].permute(1, 0, 2)
 
     def _schedule(

@@ -32,6 +32,7 @@ from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_gri
 from .kernels import Kernels
 from .setup_cache import SetupCache, VoiceSetup
 from .state import Chunk, FrameMap, StreamState
+from .transfer import to_device
 from .vocoder import BatchedVocoder, VocoderCache
 
 # a solve's rows: (slot in the solve's estimator, speaker [80], new positions, valid positions)
@@ -302,11 +303,11 @@ class Runner:
             empty,
             empty,
             empty,
-            write.to(dev),
-            mask.to(dev),
-            key_range.to(dev),
-            last.to(dev),
-            active.to(dev),
+            to_device(write, dev),
+            to_device(mask, dev),
+            to_device(key_range, dev),
+            to_device(last, dev),
+            to_device(active, dev),
         )
 
     # graphs
