@@ -14,8 +14,8 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     PyTorch's caching pinned allocator, the copy is queued like a kernel (the allocator keeps
     the staging block until the copy has run).
     """
-    if device.type != "cuda":
-        return t.to(device)
+    if t.device.type != "cpu" or device.type != "cuda":
+        return t.to(device)  # already on a device (a no-op when it is this one), or no CUDA
     return t.pin_memory().to(device, non_blocking=True)
 
 
