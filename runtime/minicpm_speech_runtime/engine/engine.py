@@ -120,8 +120,9 @@ class Code2WavEngine:
             self.runner.setup_from_cache(s)
             s.phase = Phase.LIVE
             self.counters.setup_hits += 1
+        if plan.setup_groups:
+            self.runner.setup(plan.setup_groups)
         for group in plan.setup_groups:
-            self.runner.setup(group)
             for s in group:
                 s.phase = Phase.LIVE
             self.counters.setups += len(group)

@@ -146,23 +146,28 @@ class Runner:
 
     # cold setup
     @torch.inference_mode()
-    def setup(self, group: list[StreamState]) -> None:
-        """The reference's ``setup_cache`` for a group of new streams, one batched solve."""
+    def setup(self, groups: list[list[StreamState]]) -> None:
+        """The reference's ``setup_cache`` for groups of new streams: one encoder pass for all
+        of them, then one batched solve per group."""
+        every = [s for group in groups for s in group]
         with self._phase("setup_encode"):
-            mus = self._encode(group, [self._prompt_tokens(s) for s in group], [False] * len(group))
-        conds = [s.voice.prompt_mels[0].transpose(0, 1) for s in group]  # [80, P]
-        rows: list[Row] = []
-        for j, s in enumerate(group):
-            d = self.streams[s.stream_id]
-            pos = d.frames.setup()
-            rows.append((j, d.spk, pos, pos))
-        with self._phase("setup_solve"):
-            self._solve(self.setup_solve, rows, mus, conds, offsets=[0] * len(group))
+            mus = self._encode(every, [self._prompt_tokens(s) for s in every], [False] * len(every))
+        mu_of = {id(s): mu for s, mu in zip(every, mus, strict=True)}
+        for group in groups:
+            conds = [s.voice.prompt_mels[0].transpose(0, 1) for s in group]  # [80, P]
+            rows: list[Row] = []
             for j, s in enumerate(group):
-                self._adopt(j, s.slot)
-        if self.setup_cache.enabled:
-            for s in group:
-                self.setup_cache.put(s.voice_key, self._snapshot(s))
+                d = self.streams[s.stream_id]
+                pos = d.frames.setup()
+                rows.append((j, d.spk, pos, pos))
+            with self._phase("setup_solve"):
+                group_mus = [mu_of[id(s)] for s in group]
+                self._solve(self.setup_solve, rows, group_mus, conds, offsets=[0] * len(group))
+                for j, s in enumerate(group):
+                    self._adopt(j, s)
+            if self.setup_cache.enabled:
+                for s in group:
+                    self.setup_cache.put(s.voice_key, self._snapshot(s))
 
     @torch.inference_mode()
     def setup_from_cache(self, s: StreamState) -> None:
@@ -196,9 +201,9 @@ class Runner:
         d.frames.setup()
         self.encoder.import_state(d.encoder, entry.encoder)
 
-    def _adopt(self, src: int, dst: int) -> None:
+    def _adopt(self, src: int, s: StreamState) -> None:
         """Copy a scratch slot's caches (prompt positions, conv state) into a stream's slot."""
-        a, b, p = self.setup_estimator, self.estimator, self.config.max_prompt_frames
+        a, b, p, dst = self.setup_estimator, self.estimator, s.prompt_frames, s.slot
         for sbuf, dbuf in ((a.k, b.k), (a.v, b.v)):  # [steps, depth, 2 slots, H, T, D]
             dbuf[:, :, 2 * dst : 2 * dst + 2, :, :p].copy_(sbuf[:, :, 2 * src : 2 * src + 2, :, :p])
         b.conv[:, :, 2 * dst : 2 * dst + 2].copy_(a.conv[:, :, 2 * src : 2 * src + 2])
