@@ -21,8 +21,11 @@ one vocoder call per distinct mel length. Per-stream PCM equals the reference's
 ``Token2wav.stream`` (tests/runtime/test_engine_parity.py).
 
 Layout: ``state`` (per-stream host state, cache frame map), ``scheduler`` (CPU only, no torch),
-``estimator`` (batched DiT with in-place caches), ``vocoder`` (batched HiFT), ``runner`` (owns
-device buffers, slots and the graph dispatcher), ``graphs`` (which CUDA graphs exist, budget,
+``estimator`` (batched DiT with in-place caches), ``kernels`` / ``triton_kernels`` (its norms,
+attention, conv taps and HiFT's Snake as Triton kernels on CUDA, torch ops elsewhere),
+``vocoder`` (batched HiFT), ``encoder`` (batched conformer), ``setup_cache`` (set-up voices),
+``transfer`` (uploads and downloads that never stall the host), ``runner`` (owns device
+buffers, slots and the graph dispatcher), ``graphs`` (which CUDA graphs exist, budget,
 counters), ``engine`` (the step).
 """
 

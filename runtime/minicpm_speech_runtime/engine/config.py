@@ -24,7 +24,8 @@ class EngineConfig:
     A voice's cold setup is a pure function of the voice, so its result (prompt keys/values,
     conv and encoder caches) is kept in an LRU of ``setup_cache_mib`` (and at most
     ``setup_cache_voices`` voices) and copied to later streams of that voice instead of being
-    solved again.
+    solved again. ``fused_kernels`` runs the DiT's memory-bound steps and HiFT's Snake as
+    Triton kernels where Triton and CUDA are present (same fp32 arithmetic as the torch ops).
     """
 
     max_streams: int = 8
@@ -32,7 +33,7 @@ class EngineConfig:
     micro_batch: int = 8
     n_timesteps: int = 10
     tf32: bool = True
-    fused_kernels: bool = True  # Triton kernels for the DiT's norms/softmax/Mish where usable
+    fused_kernels: bool = True
     cuda_graphs: bool = True
     precapture: bool = True
     graph_budget: int = 64
