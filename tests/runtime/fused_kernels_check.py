@@ -103,17 +103,10 @@ def kernel_diffs(fused: Kernels, eager: Kernels) -> dict[str, float]:
 
 def hift_diffs(fused: Kernels) -> dict[str, float]:
     """A narrow HiFT (the reference's class) with its Snakes fused vs as shipped."""
-    from minicpm_speech_runtime.bench.parity import fixed_nsf_noise
+    from minicpm_speech_runtime.bench.parity import fixed_nsf_noise, narrow_hift
     from minicpm_speech_runtime.engine.vocoder import _snakes
-    from stepaudio2.flashcosyvoice.modules.hifigan import ConvRNNF0Predictor, HiFTGenerator
 
-    torch.manual_seed(3)
-    hift = HiFTGenerator(
-        base_channels=32,
-        resblock_kernel_sizes=[3],
-        resblock_dilation_sizes=[[1]],
-        f0_predictor=ConvRNNF0Predictor(cond_channels=32),
-    ).eval()
+    hift = narrow_hift()
     mel, src = torch.randn(2, 80, 12), torch.zeros(2, 1, 0)
     with torch.inference_mode(), fixed_nsf_noise():
         want = hift(mel, src)

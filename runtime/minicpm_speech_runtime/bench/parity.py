@@ -48,18 +48,22 @@ def fixed_nsf_noise() -> Iterator[None]:
         layers.torch = saved
 
 
-def small_models(models: Code2WavModels) -> Code2WavModels:
-    """The tiny flow with a narrow HiFT (same 480x up-sampling, caches and source path)."""
+def narrow_hift() -> torch.nn.Module:
+    """The reference's HiFT at 32 channels (same 480x up-sampling, caches and source path)."""
     from stepaudio2.flashcosyvoice.modules.hifigan import ConvRNNF0Predictor, HiFTGenerator
 
     torch.manual_seed(3)
-    hift = HiFTGenerator(
+    return HiFTGenerator(
         base_channels=32,
         resblock_kernel_sizes=[3],
         resblock_dilation_sizes=[[1]],
         f0_predictor=ConvRNNF0Predictor(cond_channels=32),
     ).eval()
-    return dataclasses.replace(models, hift=hift)
+
+
+def small_models(models: Code2WavModels) -> Code2WavModels:
+    """The tiny flow with a narrow HiFT."""
+    return dataclasses.replace(models, hift=narrow_hift())
 
 
 def make_voices(models: Code2WavModels, seconds: list[float]) -> list[PreparedVoice]:

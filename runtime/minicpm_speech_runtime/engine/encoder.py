@@ -160,14 +160,13 @@ class BatchedEncoder:
         att = att.view(self.depth, cache.length, self.heads, 2 * self.dk).transpose(1, 2)
         return cnn.unsqueeze(0), att.unsqueeze(1)
 
-    def export_state(self, cache: EncoderCache) -> EncoderState:
-        """A copy of the stream's caches, to start another stream of the same voice from."""
-        return EncoderState(
-            self.att[cache.slot, :, : cache.length].clone(),
-            self.cnn[cache.slot].clone(),
-            cache.length,
-            cache.short_lookahead,
-        )
+    def export_state(self, cache: EncoderCache, copy: bool = True) -> EncoderState:
+        """The stream's caches, to start another stream of the same voice from: a copy, or
+        (``copy=False``) views of its slot, valid until the slot next changes."""
+        att, cnn = self.att[cache.slot, :, : cache.length], self.cnn[cache.slot]
+        if copy:
+            att, cnn = att.clone(), cnn.clone()
+        return EncoderState(att, cnn, cache.length, cache.short_lookahead)
 
     def import_state(self, cache: EncoderCache, state: EncoderState) -> None:
         """Put ``state`` (from :meth:`export_state`) into the slot of ``cache``."""

@@ -179,18 +179,18 @@ class Runner:
 
     @torch.inference_mode()
     def copy_setup(self, leader: StreamState, s: StreamState) -> None:
-        """A stream of the same voice as ``leader``, set up in this step, starts from its copy."""
-        self._restore(s, self._snapshot(leader))
+        """A stream of the same voice as ``leader``, set up in this step, starts from its copy
+        (slot to slot: the leader's caches are read in place)."""
+        self._restore(s, self._snapshot(leader, copy=False))
 
-    def _snapshot(self, s: StreamState) -> VoiceSetup:
+    def _snapshot(self, s: StreamState, copy: bool = True) -> VoiceSetup:
+        """The stream's set-up caches: a copy, or views of its slot with ``copy=False``."""
         est, p, rows = self.estimator, s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)
-        d = self.streams[s.stream_id]
-        return VoiceSetup(
-            est.k[:, :, rows, :, :p].clone(),
-            est.v[:, :, rows, :, :p].clone(),
-            est.conv[:, :, rows].clone(),
-            self.encoder.export_state(d.encoder),
-        )
+        parts = [est.k[:, :, rows, :, :p], est.v[:, :, rows, :, :p], est.conv[:, :, rows]]
+        if copy:
+            parts = [t.clone() for t in parts]
+        encoder = self.encoder.export_state(self.streams[s.stream_id].encoder, copy)
+        return VoiceSetup(*parts, encoder)
 
     def _restore(self, s: StreamState, entry: VoiceSetup) -> None:
         est, p, rows = self.estimator, s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)
