@@ -163,25 +163,19 @@ class BatchedEstimator:
         key_bias = torch.zeros(s.key_mask.shape, dtype=x.dtype, device=x.device)
         key_bias.masked_fill_(~s.key_mask, float("-inf"))
         r = torch.arange(inputs.shape[0], device=x.device)[:, None].expand(-1, x.shape[2])
-        rows = (r, s.write_pos)
+        ctx = _SolveContext(s, key_bias, (r, s.write_pos))
         for step, (_, dt) in enumerate(self._schedule(s.x.device, s.x.dtype)):
             if step:
                 inputs[:, :, :80] = x.repeat_interleave(2, 0).transpose(1, 2)
-            out = self.forward(step, inputs, key_bias, rows, s)
+            out = self.forward(ctx, step, inputs)
             d = out.view(x.shape[0], 2, *out.shape[1:])  # [n, 2, F, 80]: CFG rows adjacent
             dphi = (1.0 + self.cfg_rate) * d[:, 0] - self.cfg_rate * d[:, 1]
             x = x + dt * dphi.transpose(1, 2)
         return x
 
-    def forward(
-        self,
-        step: int,
-        h: torch.Tensor,  # [R, F, 320] noisy mel, mu, speaker, cond
-        key_bias: torch.Tensor,  # [R, 1, 1, T] 0 for valid keys, -inf otherwise
-        rows: tuple[torch.Tensor, torch.Tensor],  # (row, write position) per new frame
-        s: SolveInputs,
-    ) -> torch.Tensor:
-        """The DiT for one Euler step; returns the velocity [R, F, 80]."""
+    def forward(self, ctx: _SolveContext, step: int, h: torch.Tensor) -> torch.Tensor:
+        """The DiT for one Euler step on [R, F, 320] (noisy mel, mu, speaker, cond); returns
+        the velocity [R, F, 80]."""
         # each residual update is fused with the layer norm that follows it, the last one
         # with the final layer's norm
         ws = self.weights
@@ -190,58 +184,50 @@ class BatchedEstimator:
         x, h = self.kernels.residual_norm(
             self.est.in_proj(h), None, None, ws[0].ln[step, 0].unbind(0), ws[0].eps
         )
-        for b, w in enumerate(ws):
-            x, h = self.block(step, b, w, x, h, norms[b], key_bias, rows, s)
+        for b in range(self.depth):
+            x, h = self.block(ctx, step, b, x, h, norms[b])
         return self.est.final_layer.linear(h)
 
     def block(
         self,
+        ctx: _SolveContext,
         step: int,
         b: int,
-        w: BlockWeights,
         x: torch.Tensor,
         h: torch.Tensor,
-        next_norm: tuple[tuple[torch.Tensor, torch.Tensor], float],
-        key_bias: torch.Tensor,
-        rows: tuple[torch.Tensor, torch.Tensor],
-        s: SolveInputs,
+        next_norm: tuple[tuple[torch.Tensor, ...], float],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual stream ``x`` and its first norm ``h`` in; the same for the next block out."""
-        ln, gate, k = w.ln[step], w.gate[step], self.kernels
-        y = self.attention(step, b, w, h, key_bias, rows, s)
-        x, h = k.residual_norm(x, gate[0], y, ln[1].unbind(0), w.eps)
-        x, h = k.residual_norm(
-            x, gate[1], self.conv_block(step, b, w, h, s), ln[2].unbind(0), w.eps
-        )
+        w, k = self.weights[b], self.kernels
+        ln, gate = w.ln[step], w.gate[step]
+        x, h = k.residual_norm(x, gate[0], self.attention(ctx, step, b, h), ln[1].unbind(0), w.eps)
+        x, h = k.residual_norm(x, gate[1], self.conv_block(ctx, step, b, h), ln[2].unbind(0), w.eps)
         return k.residual_norm(x, gate[2], self.est.blocks[b].mlp(h), *next_norm)
 
-    def attention(
-        self,
-        step: int,
-        b: int,
-        w: BlockWeights,
-        x: torch.Tensor,
-        key_bias: torch.Tensor,
-        rows: tuple[torch.Tensor, torch.Tensor],
-        s: SolveInputs,
-    ) -> torch.Tensor:
-        qkv = F.linear(x, w.qkv_w, w.qkv_b)
+    def attention(self, ctx: _SolveContext, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
+        w, s = self.weights[b], ctx.inputs
         k_cache = self.k[step, b, 2 * s.lo : 2 * s.hi]  # [R, H, T, D] view of the slot range
         v_cache = self.v[step, b, 2 * s.lo : 2 * s.hi]
-        hd = (self.heads, self.head_dim)
         q = self.kernels.qkv_into_cache(  # new keys/values written in place
-            qkv, *hd, w.q_norm, w.k_norm, w.qk_eps, k_cache, v_cache, rows
+            F.linear(x, w.qkv_w, w.qkv_b),
+            self.heads,
+            self.head_dim,
+            w.q_norm,
+            w.k_norm,
+            w.qk_eps,
+            k_cache,
+            v_cache,
+            ctx.rows,
         )
-        o = self.kernels.attention(q, k_cache, v_cache, key_bias, s.key_range)
+        o = self.kernels.attention(q, k_cache, v_cache, ctx.key_bias, s.key_range)
         return self.est.blocks[b].attn.proj(o)
 
-    def conv_block(
-        self, step: int, b: int, w: BlockWeights, x: torch.Tensor, s: SolveInputs
-    ) -> torch.Tensor:
+    def conv_block(self, ctx: _SolveContext, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
         """``CausalConvBlock.forward_chunk`` on ragged rows; caches updated for active rows."""
+        w, s, k = self.weights[b], ctx.inputs, self.kernels
         cache = self.conv[step, b, 2 * s.lo : 2 * s.hi]  # [R, 2, 2 * hidden]
         c1, c2 = cache.split(self.hidden, dim=2)
-        block, k = self.est.blocks[b].conv.block, self.kernels
+        block = self.est.blocks[b].conv.block
         taps, new1 = k.conv_taps(x, c1, s.last_idx)
         y = F.linear(taps, w.conv1, block[1].bias)
         y = k.norm_mish(y, (block[3].weight, block[3].bias), block[3].eps)
@@ -250,6 +236,15 @@ class BatchedEstimator:
         new = torch.cat([new1, new2], dim=2)
         torch.where(s.active[:, None, None], new, cache, out=cache)
         return y
+
+
+@dataclass(slots=True)
+class _SolveContext:
+    """What every block of one solve reads besides its own weights and caches."""
+
+    inputs: SolveInputs
+    key_bias: torch.Tensor  # [R, 1, 1, T] 0 for valid keys, -inf otherwise
+    rows: tuple[torch.Tensor, torch.Tensor]  # (row, write position) of each new frame
 
 
 class GraphedSolve:
