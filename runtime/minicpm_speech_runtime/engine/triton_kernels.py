@@ -1,11 +1,12 @@
-"""Triton kernels for the DiT block's memory-bound parts (imported only where Triton exists).
+"""Triton kernels for the engine's memory-bound steps (imported only where Triton exists).
 
-Each kernel is one pass: the residual update and the next layer norm; the q/k head norms with q
-written in the head-major layout attention reads and k, v written straight into the caches;
-attention over each row's key range with an online softmax, so the scores never reach memory;
-and the conv tail (layer norm then Mish). fp32 throughout, the same operations as the torch ops they
-replace (:mod:`.kernels`), so parity with the reference holds; only summation order differs.
-``TRITON_INTERPRET=1`` runs them on CPU tensors (the tests do).
+Each kernel is one pass: the residual update and the next layer norm; the q/k head norms, q
+written in the head-major layout attention reads, k and v straight into the caches; attention
+over each row's key range with an online softmax, so the scores never reach memory; the causal
+conv's taps with its next cache; the conv tail (layer norm, Mish); HiFT's Snake. fp32
+throughout, the operations of the torch ops they replace (:mod:`.kernels`), so parity with the
+reference holds up to summation order. ``TRITON_INTERPRET=1`` runs them on CPU tensors (the
+tests do).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-# the interpreter has no libdevice; on the device its sin is the one torch's kernel calls
+# libdevice's sin is accurate over the whole range, as torch's is (``tl.sin`` may lower to an
+# approximate instruction); the interpreter has no libdevice and uses NumPy's
 _LIBDEVICE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
