@@ -1,4 +1,4 @@
-"""The DiT block's memory-bound steps: Triton kernels on CUDA, the same torch ops elsewhere.
+"""The engine's memory-bound steps: Triton kernels on CUDA, the same torch ops elsewhere.
 
 Between its matmuls a block runs layer norms, residual updates, q/k head norms, cache writes,
 a key-masked softmax and the conv tail (norm, Mish). As torch ops they took more device time
@@ -6,7 +6,8 @@ than the matmuls (``runtime/bench-results/profile-h200-b9c21dc.json``, a decode 
 streams: 18.6 ms of layer-norm kernels, ~21 ms elementwise and copies, 9 ms softmax, 36 ms of
 GEMMs), because each is several passes over memory, the 64-wide head norms launch one block
 per head, and the attention wrote, re-read and re-wrote a [rows, heads, frames, cache] score
-tensor. :mod:`.triton_kernels` does each in one pass and attends without storing the scores.
+tensor. :mod:`.triton_kernels` does each in one pass and attends without storing the scores;
+HiFT's Snake activation, five elementwise kernels as torch ops, is one pass there too.
 
 Both implementations compute the same fp32 operations; the choice is made once per engine
 (``EngineConfig.fused_kernels``, on by default where Triton and CUDA are present).
@@ -54,9 +55,10 @@ class Kernels:
     ) -> Pair:
         """``x + gate * y`` (just ``x`` when ``y`` is None) and its layer norm with ``norm``."""
         if self.fused:
-            return self._t.residual_norm(x, gate, y, norm[0], norm[1], eps)  # type: ignore[no-any-return]
+            return self._t.residual_norm(x, gate, y, norm[0], norm[1], eps)
         if y is not None:
-            x = torch.addcmul(x, gate, y)  # type: ignore[arg-type]
+            assert gate is not None
+            x = torch.addcmul(x, gate, y)
         return x, F.layer_norm(x, (x.shape[-1],), norm[0], norm[1], eps)
 
     def qkv_into_cache(
@@ -74,7 +76,7 @@ class Kernels:
         """Split [R, F, 3 * H * D]; q/k normed; k and v written into the caches [R, H, T, D]
         at ``rows`` (row index, position) per new frame; returns q [R, H, F, D]."""
         if self.fused:
-            return self._t.qkv_into_cache(  # type: ignore[no-any-return]
+            return self._t.qkv_into_cache(
                 qkv, heads, head_dim, q_norm, k_norm, eps, k_cache, v_cache, rows[1]
             )
         r, f, _ = qkv.shape
@@ -95,7 +97,7 @@ class Kernels:
         """softmax(q k^T + key_bias) v -> [R, F, H * D]; ``key_bias`` is 0 or -inf per key
         and every valid key of row r lies in ``key_range[r]`` (which the fused kernel scans)."""
         if self.fused:
-            return self._t.attention(q, k_cache, v_cache, key_bias, key_range)  # type: ignore[no-any-return]
+            return self._t.attention(q, k_cache, v_cache, key_bias, key_range)
         # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
         # attention kernels run on the SIMT units and were the step's largest cost
         scores = torch.matmul(q, k_cache.transpose(2, 3))  # [R, H, F, T]
@@ -104,7 +106,7 @@ class Kernels:
 
     def norm_mish(self, x: torch.Tensor, norm: Pair, eps: float) -> torch.Tensor:
         if self.fused:
-            return self._t.norm_mish(x, norm[0], norm[1], eps)  # type: ignore[no-any-return]
+            return self._t.norm_mish(x, norm[0], norm[1], eps)
         return F.mish(F.layer_norm(x, (x.shape[-1],), norm[0], norm[1], eps))
 
     def conv_taps(self, x: torch.Tensor, cache: torch.Tensor, last_idx: torch.Tensor) -> Pair:
@@ -112,7 +114,7 @@ class Kernels:
         frames [R, 2, C] -> taps [R, F, 3C] (channel-major, tap-minor, as the conv weight is
         flattened) and the 2 frames before each row's end ``last_idx`` (the next cache)."""
         if self.fused:
-            return self._t.conv_taps(x, cache, last_idx)  # type: ignore[no-any-return]
+            return self._t.conv_taps(x, cache, last_idx)
         y = torch.cat([cache, x], dim=1)  # [R, 2 + F, C]
         idx = last_idx[:, None] + torch.arange(2, device=y.device)
         new = y.gather(1, idx[:, :, None].expand(-1, -1, y.shape[2]))
@@ -122,6 +124,6 @@ class Kernels:
     def snake(self, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         """HiFT's Snake activation on [B, C, T]: five elementwise kernels as torch ops."""
         if self.fused:
-            return self._t.snake(x, alpha)  # type: ignore[no-any-return]
+            return self._t.snake(x, alpha)
         a = alpha[None, :, None]
         return x + (1.0 / (a + 1e-9)) * torch.pow(torch.sin(x * a), 2)

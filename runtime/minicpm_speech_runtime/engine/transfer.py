@@ -25,4 +25,4 @@ def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     if not tensors:
         return []
     flat = torch.cat([t.reshape(-1).float() for t in tensors]).cpu()
-    return list(flat.split([t.numel() for t in tensors]))
+    return list(torch.split(flat, [t.numel() for t in tensors]))
