@@ -167,6 +167,8 @@ def main() -> None:
     _interpreter_scalar_loop_bounds()
     result = kernel_diffs(Kernels(fused=True), Kernels(fused=False))
     result.update(hift_diffs(Kernels(fused=True)))
+    chosen = Kernels.for_device(torch.device("cpu"), wanted=True)  # runs its self-check
+    result["self_check"] = chosen.self_check(torch.device("cpu")) if chosen.fused else -1.0
     result.update(solve_diffs(sys.argv[1]))
     print(json.dumps(result))
 

@@ -10,14 +10,16 @@ the GPU the benchmark's parity stage checks the fused engine against the referen
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from minicpm_speech_runtime.engine import Code2WavEngine, EngineConfig
-from minicpm_speech_runtime.engine.kernels import Kernels
+from minicpm_speech_runtime.engine.kernels import SELF_CHECK_TOLERANCE, Kernels
 
 CHECK = Path(__file__).with_name("fused_kernels_check.py")
 
@@ -36,12 +38,48 @@ def test_triton_kernels_match_torch_ops(tiny_checkpoint: Path) -> None:
     diffs = json.loads(run.stdout.strip().splitlines()[-1])
     kernels = {"residual_norm_80", "qkv_into_cache", "attention", "norm_mish_64", "conv_taps_300"}
     assert kernels | {"snake", "hift_speech", "solve", "solve_conv_cache"} <= set(diffs)
+    # the engine's own start-up check chose these kernels (-1: it refused them)
+    assert 0 <= diffs.pop("self_check") <= SELF_CHECK_TOLERANCE
     bad = {k: v for k, v in diffs.items() if not v <= 1e-5}  # NaN fails too
     assert not bad, bad
 
 
 def test_kernels_are_torch_ops_where_triton_cannot_run(models) -> None:  # type: ignore[no-untyped-def]
-    assert not Kernels.for_device(torch.device("cpu"), wanted=True).fused
+    plain = Kernels.for_device(torch.device("cpu"), wanted=True)
+    assert not plain.fused and plain.unfused_because == "no Triton on a cpu device"
     eng = Code2WavEngine(models, EngineConfig(max_streams=2, micro_batch=2))
     assert not eng.runner.estimator.kernels.fused
     assert eng.runner.estimator.kernels is eng.runner.setup_estimator.kernels
+
+
+def test_kernels_that_fail_their_self_check_fall_back_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Triton present but unable to run (here: no GPU driver for a launch) must not take the
+    engine down: the self-check at construction fails, the torch ops run, a warning says why."""
+    import minicpm_speech_runtime.engine.kernels as kernels
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter runs Triton kernels on the CPU")
+    monkeypatch.setattr(kernels, "triton_usable", lambda device: True)
+    with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+        chosen = Kernels.for_device(torch.device("cpu"), wanted=True)
+    assert not chosen.fused
+    assert chosen.unfused_because and chosen.unfused_because in caplog.text
+
+
+def test_wrong_kernels_fail_the_self_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that compiles but computes something else is refused too."""
+    import minicpm_speech_runtime.engine.kernels as kernels
+
+    monkeypatch.setattr(kernels, "triton_usable", lambda device: True)
+    monkeypatch.setattr(
+        kernels.Kernels, "self_check", lambda self, device: float("nan"), raising=True
+    )
+    monkeypatch.setattr(kernels.Kernels, "__init__", _plain_init)
+    chosen = Kernels.for_device(torch.device("cpu"), wanted=True)
+    assert not chosen.fused and "off from the torch ops" in (chosen.unfused_because or "")
+
+
+def _plain_init(self: Kernels, fused: bool) -> None:
+    self.fused, self.unfused_because = fused, None

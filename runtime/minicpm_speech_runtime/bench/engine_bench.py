@@ -100,6 +100,7 @@ def parity(models: Code2WavModels, voices: list[Any], graphs: bool, fused: bool)
     diffs = {s: max_diff(want[s], got[s]) for s, *_ in plan}
     return {
         "kernels_fused": eng.runner.kernels.fused,
+        "kernels_unfused_because": eng.runner.kernels.unfused_because,
         "max_abs_diff": diffs,
         "worst": max(diffs.values()),
         "pass_1e-4": max(diffs.values()) <= 1e-4,
@@ -270,6 +271,7 @@ def run_engine(
     setup_flops = setups * dit_flops_per_chunk(models, prompt, prompt)
     res.update(
         kernels_fused=eng.runner.kernels.fused,
+        kernels_unfused_because=eng.runner.kernels.unfused_because,
         peak_mem_gib=_peak_gib(),
         estimator_cache_gib=eng.runner.estimator.nbytes / 2**30,
         dit_tflops=flops / wall / 1e12,

@@ -16,12 +16,15 @@ Both implementations compute the same fp32 operations; the choice is made once p
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 Pair = tuple[torch.Tensor, torch.Tensor]
+log = logging.getLogger(__name__)
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -31,11 +34,15 @@ def triton_usable(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+SELF_CHECK_TOLERANCE = 1e-2  # catches a miscompiled kernel; parity itself is tested elsewhere
+
+
 class Kernels:
     """The memory-bound steps of a DiT block and HiFT's Snake; ``fused`` selects Triton."""
 
     def __init__(self, fused: bool) -> None:
         self.fused = fused
+        self.unfused_because: str | None = None  # why a wanted fused set fell back
         if fused:
             from . import triton_kernels
 
@@ -43,7 +50,71 @@ class Kernels:
 
     @classmethod
     def for_device(cls, device: torch.device, wanted: bool) -> Kernels:
-        return cls(wanted and triton_usable(device))
+        """The Triton kernels when wanted, usable here and correct on this device (checked
+        against the torch ops on small inputs); the torch ops otherwise, with the reason."""
+        if not wanted:
+            return cls(False)
+        if not triton_usable(device):  # expected off CUDA; worth a warning on it
+            missing = importlib.util.find_spec("triton") is None
+            why = "Triton is not installed" if missing else f"no Triton on a {device.type} device"
+            return cls._fallback(why, warn=device.type == "cuda")
+        try:
+            fused = cls(True)
+            worst = fused.self_check(device)
+        except Exception as exc:  # import, compile or launch: Triton raises many kinds
+            return cls._fallback(f"{type(exc).__name__}: {exc}"[:300])
+        if not worst <= SELF_CHECK_TOLERANCE:  # NaN fails too
+            return cls._fallback(f"off from the torch ops by {worst:.3g}")
+        return fused
+
+    @classmethod
+    def _fallback(cls, why: str, warn: bool = True) -> Kernels:
+        log.log(
+            logging.WARNING if warn else logging.DEBUG,
+            "Code2Wav engine: Triton kernels not used (%s); running torch ops",
+            why,
+        )
+        k = cls(False)
+        k.unfused_because = why
+        return k
+
+    def self_check(self, device: torch.device) -> float:
+        """Worst max abs difference between these kernels and the torch ops on small inputs
+        (compiles every kernel once, so a broken toolchain shows here, not mid-stream)."""
+        g = torch.Generator().manual_seed(0)
+
+        def rnd(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g).to(device)
+
+        def both(
+            run: Callable[[Kernels], tuple[torch.Tensor, ...]],
+        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return list(zip(run(self), run(ref), strict=True))
+
+        # the shapes the engine runs: 64-wide heads, a 50-frame chunk, a cache range
+        ref, f, d = Kernels(False), 50, 64
+        x, y, w, b = rnd(4, f, d), rnd(4, f, d), rnd(d), rnd(d)
+        ends = torch.tensor([0, 1, f - 1, f], device=device)
+        qkv, caches = rnd(4, f, 6 * d), rnd(2, 4, 2, 72, d)  # k and v: [R, H, T, D]
+        pos = torch.arange(f, device=device).expand(4, -1)
+        rows = (torch.arange(4, device=device)[:, None].expand(-1, f), pos)
+        bias = torch.zeros(4, 1, 1, 72, device=device)
+        bias[..., 60:] = float("-inf")
+        key_range = torch.tensor([[0, 60]] * 4, device=device)
+
+        def attention(k: Kernels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            kc, vc = caches.clone().unbind(0)
+            q = k.qkv_into_cache(qkv, 2, d, (w, b), (b, w), 1e-6, kc, vc, rows)
+            return q, kc, k.attention(q.contiguous(), kc, vc, bias.clone(), key_range)
+
+        pairs = [
+            *both(lambda k: k.residual_norm(x, w, y, (w, b), 1e-6)),
+            *both(lambda k: k.conv_taps(x, y[:, :2], ends)),
+            *both(lambda k: (k.norm_mish(x, (w, b), 1e-5),)),
+            *both(lambda k: (k.snake(x, w[:f].abs() + 0.1),)),
+            *both(attention),
+        ]
+        return max(float((a - c).abs().max()) for a, c in pairs)
 
     def residual_norm(
         self,
