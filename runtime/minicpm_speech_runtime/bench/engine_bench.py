@@ -48,6 +48,7 @@ import torch
 from ..assets import Code2WavModels, load_code2wav
 from ..checkpoint import REAL, TINY, write_random_checkpoint
 from ..engine import Code2WavEngine, EngineConfig
+from ..engine.config import HISTORY_FRAMES
 from .parity import drain, fixed_nsf_noise, make_voices, max_diff, reference_chunks, utterance
 from .reference_driver import ReferenceDriver
 
@@ -253,10 +254,7 @@ def run_engine(
     eng.warmup()
     _sync()
     precapture_s = time.perf_counter() - t0
-    loop, live = Loop(voices, conc), set[int]()
-    # warm-up (allocator, library heuristics): ramp up staggered, then one more utterance
-    ramp = -(-conc // 10)
-    _engine_loop(eng, loop, live, conc, seconds=2.0, min_steps=22, ramp=ramp)
+    loop, live = steady_loop(eng, voices, conc)
     _reset_peak()
     loop.reset_stats()
     t0 = time.perf_counter()
@@ -265,8 +263,8 @@ def run_engine(
     wall = time.perf_counter() - t0
     res = loop.summary(wall)
     chunks = eng.counters.chunks - chunks0
-    flops = chunks * dit_flops_per_chunk(models, 50, models_prompt_keys(voices))
-    prompt = int(np.mean([v.prompt_mels.shape[1] for v in voices]))
+    prompt = mean_prompt_frames(voices)
+    flops = chunks * dit_flops_per_chunk(models, 50, prompt + HISTORY_FRAMES + 50)
     setups = eng.counters.setups - setups0
     setup_flops = setups * dit_flops_per_chunk(models, prompt, prompt)
     res.update(
@@ -295,8 +293,16 @@ def run_engine(
     return res
 
 
-def models_prompt_keys(voices: list[Any]) -> int:
-    return int(np.mean([v.prompt_mels.shape[1] for v in voices])) + 100 + 50
+def mean_prompt_frames(voices: list[Any]) -> int:
+    return int(np.mean([v.prompt_mels.shape[1] for v in voices]))
+
+
+def steady_loop(eng: Code2WavEngine, voices: list[Any], conc: int) -> tuple[Loop, set[int]]:
+    """The closed loop at ``conc`` streams, warmed up into its steady state (allocator, library
+    heuristics): streams ramp up at most C/10 per step, then run one more utterance."""
+    loop, live = Loop(voices, conc), set[int]()
+    _engine_loop(eng, loop, live, conc, seconds=2.0, min_steps=22, ramp=-(-conc // 10))
+    return loop, live
 
 
 def _engine_loop(
@@ -417,7 +423,7 @@ def main() -> None:
     p.add_argument("--ref-window", type=float, default=12.0)
     p.add_argument("--voices", type=int, default=16)
     p.add_argument("--graphs", choices=["on", "off"], default="on")
-    p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton block kernels")
+    p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton kernels")
     a = p.parse_args()
     fused = a.fused == "on"
     res: dict[str, Any] = {

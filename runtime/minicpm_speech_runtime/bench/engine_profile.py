@@ -71,7 +71,7 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/engine-profile"))
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--max-streams", type=int, default=64)
-    p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton block kernels")
+    p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton kernels")
     p.add_argument("--steady", type=int, default=64, help="closed-loop streams for the timeline")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -103,7 +103,8 @@ def device_parts(
     models: Any, a: argparse.Namespace, voices: list[Any], dev: torch.device
 ) -> dict[str, Any]:
     """Graph replays, the encoder by stream count, HiFT eager, top kernels of each solve."""
-    cfg = EngineConfig(max_streams=a.max_streams, micro_batch=8, fused_kernels=a.fused == "on")
+    micro = min(8, a.max_streams)
+    cfg = EngineConfig(max_streams=a.max_streams, micro_batch=micro, fused_kernels=a.fused == "on")
     eng = Code2WavEngine(models, cfg)
     t0 = time.perf_counter()
     eng.warmup()
@@ -138,7 +139,7 @@ def device_parts(
                     lambda g=group: eng.runner._encode(g, [toks] * len(g), [False] * len(g))
                 )
         group = streams[:8]
-        res["encoder_prompt_ms"][8] = timed_ms(lambda: _fresh_prompts(eng, group))
+        res["encoder_prompt_ms"][len(group)] = timed_ms(lambda: _fresh_prompts(eng, group))
         mel = torch.randn(64, 80, 58, device=dev)
         src = torch.zeros(64, 1, 3840, device=dev)
         res["hift_eager_ms"] = {
@@ -147,7 +148,7 @@ def device_parts(
         solve = eng.runner.decode_solve
         key = GraphKey("decode", min(32, a.max_streams), 50)
         res["decode_eager_kernels"] = top_kernels(lambda: solve.est.solve(solve._views(key)))
-        sk = GraphKey("setup", 8, 384)
+        sk = GraphKey("setup", micro, 384)
         ssolve = eng.runner.setup_solve
         res["setup_eager_kernels"] = top_kernels(lambda: ssolve.est.solve(ssolve._views(sk)))
         res["encoder_kernels"] = top_kernels(
@@ -167,7 +168,7 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
 
     from torch.profiler import ProfilerActivity, profile
 
-    from .engine_bench import Loop, _engine_loop
+    from .engine_bench import _engine_loop, steady_loop
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     voices = make_voices(models, [float(s) for s in np.random.default_rng(0).uniform(3, 10, 16)])
@@ -176,8 +177,7 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
     )
     eng = Code2WavEngine(models, cfg)
     eng.warmup()
-    loop, live = Loop(voices, conc), set[int]()
-    _engine_loop(eng, loop, live, conc, seconds=2.0, min_steps=22, ramp=-(-conc // 10))
+    loop, live = steady_loop(eng, voices, conc)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     _sync()
     with profile(activities=acts) as prof:
@@ -218,7 +218,8 @@ def _fresh_prompts(eng: Code2WavEngine, streams: list[Any]) -> None:
         enc = eng.runner.streams[st.stream_id].encoder
         enc.length, enc.short_lookahead = 0, False
         eng.runner.encoder.cnn[enc.slot].zero_()
-    eng.runner._encode(streams, [eng.runner._prompt_tokens(st) for st in streams], [False] * 8)
+    prompts = [eng.runner._prompt_tokens(st) for st in streams]
+    eng.runner._encode(streams, prompts, [False] * len(streams))
 
 
 if __name__ == "__main__":
