@@ -104,13 +104,13 @@ def kernel_diffs(fused: Kernels, eager: Kernels) -> dict[str, float]:
 def hift_diffs(fused: Kernels) -> dict[str, float]:
     """A narrow HiFT (the reference's class) with its Snakes fused vs as shipped."""
     from minicpm_speech_runtime.bench.parity import fixed_nsf_noise, narrow_hift
-    from minicpm_speech_runtime.engine.vocoder import _snakes
+    from minicpm_speech_runtime.engine.vocoder import _overridden, snake_overrides
 
     hift = narrow_hift()
     mel, src = torch.randn(2, 80, 12), torch.zeros(2, 1, 0)
     with torch.inference_mode(), fixed_nsf_noise():
         want = hift(mel, src)
-        with _snakes(hift, fused):
+        with _overridden(snake_overrides(hift, fused)):
             got = hift(mel, src)
         again = hift(mel, src)  # the override is gone after the context
     overridden = sum("forward" in vars(m) for m in hift.modules())

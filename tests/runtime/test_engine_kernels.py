@@ -61,7 +61,7 @@ def test_kernels_that_fail_their_self_check_fall_back_with_the_reason(
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter runs Triton kernels on the CPU")
-    monkeypatch.setattr(kernels, "triton_usable", lambda device: True)
+    monkeypatch.setattr(kernels, "triton_runs_on", lambda device: True)
     with caplog.at_level(logging.WARNING, logger=kernels.__name__):
         chosen = Kernels.for_device(torch.device("cpu"), wanted=True)
     assert not chosen.fused
@@ -72,7 +72,7 @@ def test_wrong_kernels_fail_the_self_check(monkeypatch: pytest.MonkeyPatch) -> N
     """A kernel that compiles but computes something else is refused too."""
     import minicpm_speech_runtime.engine.kernels as kernels
 
-    monkeypatch.setattr(kernels, "triton_usable", lambda device: True)
+    monkeypatch.setattr(kernels, "triton_runs_on", lambda device: True)
     monkeypatch.setattr(
         kernels.Kernels, "self_check", lambda self, device: float("nan"), raising=True
     )

@@ -27,10 +27,8 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 log = logging.getLogger(__name__)
 
 
-def triton_usable(device: torch.device) -> bool:
+def triton_runs_on(device: torch.device) -> bool:
     """Triton kernels run on CUDA devices, or anywhere under ``TRITON_INTERPRET=1``."""
-    if importlib.util.find_spec("triton") is None:
-        return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -54,10 +52,10 @@ class Kernels:
         against the torch ops on small inputs); the torch ops otherwise, with the reason."""
         if not wanted:
             return cls(False)
-        if not triton_usable(device):  # expected off CUDA; worth a warning on it
-            missing = importlib.util.find_spec("triton") is None
-            why = "Triton is not installed" if missing else f"no Triton on a {device.type} device"
-            return cls._fallback(why, warn=device.type == "cuda")
+        if importlib.util.find_spec("triton") is None:
+            return cls._fallback("Triton is not installed", warn=device.type == "cuda")
+        if not triton_runs_on(device):  # expected: no warning
+            return cls._fallback(f"no Triton on a {device.type} device", warn=False)
         try:
             fused = cls(True)
             worst = fused.self_check(device)

@@ -52,7 +52,7 @@ class BatchedVocoder:
         kernels: Kernels | None = None,
     ) -> None:
         self.hift = hift
-        self.kernels = kernels or Kernels(fused=False)
+        self.snakes = snake_overrides(hift, kernels or Kernels(fused=False))
         window = np.hamming(2 * SOURCE_CACHE)
         self.window = torch.from_numpy(window).to(device)  # float64, as the reference's
         self.dispatcher = dispatcher
@@ -77,7 +77,7 @@ class BatchedVocoder:
         key = None if d is None else d.select("hift", g, frames, extra=source)
         replay = None if key is None or d is None else d.replayer(key)
         if replay is None or key is None:
-            with _snakes(self.hift, self.kernels):
+            with _overridden(self.snakes):
                 return self.hift(mel, src)  # type: ignore[no-any-return]
         self._idle()
         self.mel[:g, :, :frames].copy_(mel)
@@ -90,7 +90,7 @@ class BatchedVocoder:
         src = self.src[: key.batch, :, : key.extra]
         with (
             _graph_safe(self.hift, self.stft_window, self.harmonics),
-            _snakes(self.hift, self.kernels),
+            _overridden(self.snakes),
         ):
             return self.hift(mel, src)  # type: ignore[no-any-return]
 
@@ -154,24 +154,31 @@ def _fade(fade_in: torch.Tensor, fade_out: torch.Tensor, window: torch.Tensor) -
     return fade_in
 
 
-@contextlib.contextmanager
-def _snakes(hift: nn.Module, kernels: Kernels) -> Iterator[None]:
-    """HiFT's Snake activations through ``kernels`` (one pass each when fused; as torch ops
-    they were about half of HiFT's device time). The modules are shared with whoever else runs
-    this HiFT, so the override lives only inside this context."""
+def snake_overrides(hift: nn.Module, kernels: Kernels) -> list[tuple[nn.Module, Any]]:
+    """HiFT's Snake modules and their forward through fused ``kernels`` (one pass each; as torch
+    ops they were about half of HiFT's device time); none when the kernels are not fused."""
     if not kernels.fused:
-        yield
-        return
+        return []
     from stepaudio2.flashcosyvoice.modules.hifigan_components.layers import Snake
 
-    snakes = [m for m in hift.modules() if isinstance(m, Snake)]
-    for m in snakes:
-        alpha = m.alpha.exp() if m.alpha_logscale else m.alpha
-        m.forward = functools.partial(kernels.snake, alpha=alpha.detach())
+    out: list[tuple[nn.Module, Any]] = []
+    for m in hift.modules():
+        if isinstance(m, Snake):
+            alpha = (m.alpha.exp() if m.alpha_logscale else m.alpha).detach()
+            out.append((m, functools.partial(kernels.snake, alpha=alpha)))
+    return out
+
+
+@contextlib.contextmanager
+def _overridden(forwards: list[tuple[nn.Module, Any]]) -> Iterator[None]:
+    """The modules run the given forwards inside this context only: they are shared with
+    whoever else runs this HiFT (the reference, in the parity runs)."""
+    for m, forward in forwards:
+        m.forward = forward
     try:
         yield
     finally:
-        for m in snakes:
+        for m, _ in forwards:
             del m.forward
 
 
