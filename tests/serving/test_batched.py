@@ -94,6 +94,14 @@ def make_backend(small: Any, metrics: RuntimeMetrics, features: dict[str, Any],
     )
 
 
+def one_voice_backend(setup: Any) -> tuple[RuntimeBackend, Any]:
+    """A backend with fresh metrics and the prepared features of voice ``v0``."""
+    small, voices = setup
+    feats = {"v0": features_of(voices[0], "v0")}
+    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats)
+    return backend, backend.prepare_prompt("v0", "/spool/v0.wav")
+
+
 def direct(small: Any, voices: list[Any], plan: list[tuple[str, int, list[int]]],
            **cfg: Any) -> dict[str, np.ndarray]:
     eng = engine(small, **cfg)
@@ -195,10 +203,7 @@ def test_graph_stats_and_precapture_reach_metrics(setup) -> None:  # type: ignor
 
 
 def test_dropped_request_is_cancelled(setup) -> None:  # type: ignore[no-untyped-def]
-    small, voices = setup
-    feats = {"v0": features_of(voices[0], "v0")}
-    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats)
-    f0 = backend.prepare_prompt("v0", "/spool/v0.wav")
+    backend, f0 = one_voice_backend(setup)
     with fixed_nsf_noise():
         kept = backend.setup_batch(f0, 1)
         dropped = backend.setup_batch(f0, 1)
@@ -213,10 +218,7 @@ def test_dropped_request_is_cancelled(setup) -> None:  # type: ignore[no-untyped
 def test_handles_of_one_voice_fall_in_one_vllm_omni_bucket(setup) -> None:  # type: ignore[no-untyped-def]
     """vLLM-Omni buckets a step's continuing requests by the names and tensor shapes of their
     states' ``flow_cache`` and ``hift_cache``; a handle's caches live in the engine."""
-    small, voices = setup
-    feats = {"v0": features_of(voices[0], "v0")}
-    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats)
-    f0 = backend.prepare_prompt("v0", "/spool/v0.wav")
+    backend, f0 = one_voice_backend(setup)
     with fixed_nsf_noise():
         states = backend.setup_batch(f0, 2)
         _, states = backend.decode_batch(torch.tensor([utterance(28, 7)] * 2), f0, states,
