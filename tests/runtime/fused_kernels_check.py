@@ -169,8 +169,35 @@ def main() -> None:
     result.update(hift_diffs(Kernels(fused=True)))
     chosen = Kernels.for_device(torch.device("cpu"), wanted=True)  # runs its self-check
     result["self_check"] = chosen.self_check(torch.device("cpu")) if chosen.fused else -1.0
+    result["chosen_under_tf32"] = chosen_under_tf32()
     result.update(solve_diffs(sys.argv[1]))
     print(json.dumps(result))
+
+
+def chosen_under_tf32() -> dict[str, bool]:
+    """The start-up choice with ``allow_tf32`` on, where torch's matmuls round their operands
+    to TF32 as CUDA's do (CPU matmuls ignore the flag, so the rounding is applied here)."""
+    plain_attention = Kernels.attention
+
+    def attention(self: Kernels, q, k, v, bias, key_range):  # type: ignore[no-untyped-def]
+        if not self.fused and torch.backends.cuda.matmul.allow_tf32:
+            q, k, v = (_tf32_round(t) for t in (q, k, v))
+        return plain_attention(self, q, k, v, bias, key_range)
+
+    Kernels.attention = attention  # type: ignore[method-assign]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        chosen = Kernels.for_device(torch.device("cpu"), wanted=True)
+        return {"fused": chosen.fused, "tf32_after": torch.backends.cuda.matmul.allow_tf32}
+    finally:
+        Kernels.attention = plain_attention  # type: ignore[method-assign]
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def _tf32_round(t: torch.Tensor) -> torch.Tensor:
+    """fp32 values with the 13 low mantissa bits dropped, as a TF32 tensor core reads them."""
+    bits = t.contiguous().view(torch.int32) & ~0x1FFF
+    return bits.view(torch.float32)
 
 
 if __name__ == "__main__":
