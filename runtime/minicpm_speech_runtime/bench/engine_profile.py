@@ -73,6 +73,7 @@ def main() -> None:
     p.add_argument("--max-streams", type=int, default=64)
     p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton kernels")
     p.add_argument("--steady", type=int, default=64, help="closed-loop streams for the timeline")
+    p.add_argument("--parts", choices=["on", "off"], default="on", help="time each part alone")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = REAL if a.generate == "real" else TINY
@@ -80,7 +81,7 @@ def main() -> None:
     models = load_code2wav(folder, dev)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     voices = make_voices(models, [3.0, 6.5, 10.0])
-    res = device_parts(models, a, voices, dev)
+    res = device_parts(models, a, voices, dev) if a.parts == "on" else {}
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -192,8 +193,9 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
     kernel_us = sum(
         e.device_time_total
         for e in prof.key_averages()
-        if e.device_type.name == "CUDA" and e.device_time_total
+        if e.device_type.name == "CUDA" and e.device_time_total and not _annotation(e)
     )
+    idle = device_idle_by_phase(prof.events(), steps)
     prof_cpu = cProfile.Profile()
     prof_cpu.enable()
     t1 = time.perf_counter()
@@ -213,9 +215,40 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
         "wall_ms_per_step": wall_plain / steps * 1e3,
         "wall_ms_per_step_under_profiler": wall / steps * 1e3,
         "device_kernel_ms_per_step": kernel_us / 1e3 / steps,
+        "device_idle_ms_per_step_by_host_phase": idle,
         "wall_ms_per_step_under_cprofile": wall_cprofile / steps * 1e3,
         "host_top_tottime": host,
     }
+
+
+def device_idle_by_phase(events: Any, steps: int) -> dict[str, float]:
+    """The device's idle time per step, split by the engine phase the host was in when the
+    device ran out of work (the innermost ``Runner.phase`` range open at the start of the gap;
+    ``engine.step`` alone is step work outside any phase, ``outside`` is the caller's loop)."""
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type.name == "CUDA" and not _annotation(e)
+    )
+    ranges = [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type.name == "CPU" and _annotation(e)
+    ]
+    idle: dict[str, float] = {}
+    busy_until = kernels[0][1] if kernels else 0.0
+    for start, end in kernels[1:]:
+        if start > busy_until:
+            open_ranges = [r for r in ranges if r[0] <= busy_until < r[1]]
+            name = min(open_ranges, key=lambda r: r[1] - r[0])[2] if open_ranges else "outside"
+            idle[name] = idle.get(name, 0.0) + (start - busy_until) / 1e3 / steps
+        busy_until = max(busy_until, end)
+    return dict(sorted(idle.items(), key=lambda kv: -kv[1]))
+
+
+def _annotation(event: Any) -> bool:
+    """A ``record_function`` range (the profiler mirrors each one on the device's timeline)."""
+    return bool(getattr(event, "is_user_annotation", False))
 
 
 def _fresh_prompts(eng: Code2WavEngine, streams: list[Any]) -> None:

@@ -110,7 +110,11 @@ class Code2WavEngine:
         return len(self.scheduler.streams)
 
     def step(self) -> list[ChunkOut]:
-        with self._lock:
+        with torch.profiler.record_function("engine.step"):
+            return self._step()
+
+    def _step(self) -> list[ChunkOut]:
+        with self._lock, self.runner.phase("plan"):
             plan = self.scheduler.plan(
                 self.clock(), self.config.max_streams, self.runner.setup_cache
             )
@@ -138,7 +142,9 @@ class Code2WavEngine:
 
     # internals
     def _decode(self, batch: list) -> list[ChunkOut]:  # type: ignore[type-arg]
-        pcm = to_host(self.runner.decode(batch))
+        pcm = self.runner.decode(batch)
+        with self.runner.phase("to_host"):
+            pcm = to_host(pcm)
         out = []
         for (s, chunk), wav in zip(batch, pcm, strict=True):
             s.consume(chunk)

@@ -100,9 +100,12 @@ class Runner:
         self.phase_s: Counter[str] = Counter()
 
     @contextlib.contextmanager
-    def _phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str) -> Iterator[None]:
+        """A named part of a step: a range in a torch profiler's trace, and with ``profile`` set
+        also timed between device syncs into ``phase_s``."""
         if not self.profile:
-            yield
+            with torch.profiler.record_function(name):
+                yield
             return
         _sync(self.device)
         t0 = time.perf_counter()
@@ -150,7 +153,7 @@ class Runner:
         """The reference's ``setup_cache`` for groups of new streams: one encoder pass for all
         of them, then one batched solve per group."""
         every = [s for group in groups for s in group]
-        with self._phase("setup_encode"):
+        with self.phase("setup_encode"):
             mus = self._encode(every, [self._prompt_tokens(s) for s in every], [False] * len(every))
         mu_of = {id(s): mu for s, mu in zip(every, mus, strict=True)}
         for group in groups:
@@ -160,7 +163,7 @@ class Runner:
                 d = self.streams[s.stream_id]
                 pos = d.frames.setup()
                 rows.append((j, d.spk, pos, pos))
-            with self._phase("setup_solve"):
+            with self.phase("setup_solve"):
                 group_mus = [mu_of[id(s)] for s in group]
                 self._solve(self.setup_solve, rows, group_mus, conds, offsets=[0] * len(group))
                 for j, s in enumerate(group):
@@ -229,7 +232,7 @@ class Runner:
     def decode(self, batch: list[tuple[StreamState, Chunk]]) -> list[torch.Tensor]:
         """One chunk for each stream: encoder, one batched solve, one vocoder pass per length."""
         offsets, rows = [], []
-        with self._phase("decode_encode"):
+        with self.phase("decode_encode"):
             streams = [s for s, _ in batch]
             tokens = [torch.tensor(c.tokens, dtype=torch.int32) for _, c in batch]
             mus = self._encode(streams, tokens, [c.last for _, c in batch])
@@ -239,12 +242,12 @@ class Runner:
                 spk = self.streams[s.stream_id].spk
                 rows.append((s.slot, spk, fm.append_chunk(mu.shape[1]), fm.logical))
         conds = [torch.zeros_like(m) for m in mus]
-        with self._phase("decode_solve"):
+        with self.phase("decode_solve"):
             mels = self._solve(self.decode_solve, rows, mus, conds, offsets)
         for s, _ in batch:
             self.streams[s.stream_id].frames.truncate()
         caches = [self.streams[s.stream_id].vocoder for s, _ in batch]
-        with self._phase("decode_vocoder"):
+        with self.phase("decode_vocoder"):
             pcm = self.vocoder.run(mels, caches, [c.last for _, c in batch])
         for (s, _), cache in zip(batch, caches, strict=True):
             self.streams[s.stream_id].vocoder = cache
@@ -265,7 +268,7 @@ class Runner:
         key = solver.select(hi, frames)
         if key is not None:
             lo, hi, frames = 0, key.batch, key.frames
-        with self._phase("host_inputs"):
+        with self.phase("host_inputs"):
             inputs = self._inputs(rows, lo, hi, frames, solver.trash)
         n = hi - lo
         x = torch.zeros(n, 80, frames, device=self.device)
@@ -278,7 +281,7 @@ class Runner:
             mu[j, :, :f], cond[j, :, :f] = mus[i], conds[i]
             spk[j] = row_spk
         inputs.x, inputs.mu, inputs.cond, inputs.spk = x, mu, cond, spk
-        with self._phase("estimator"):
+        with self.phase("estimator"):
             out = solver.run(key, inputs)
         return [out[r[0] - lo, :, : lens[i]] for i, r in enumerate(rows)]
 
