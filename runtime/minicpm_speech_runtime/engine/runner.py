@@ -25,10 +25,11 @@ from .config import (
     LOOKAHEAD_TOKENS,
     PROMPT_PAD_TOKEN,
     EngineConfig,
+    batch_grid,
 )
 from .encoder import BatchedEncoder, EncoderCache
 from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
-from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
+from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher
 from .kernels import Kernels
 from .setup_cache import SetupCache, VoiceSetup
 from .state import Chunk, FrameMap, StreamState
@@ -82,7 +83,7 @@ class Runner:
             self.setup_estimator,
             self.graphs,
             "setup",
-            batch_grid(config.micro_batch),
+            config.setup_batch_sizes,
             config.setup_frame_buckets,
         )
         self.encoder = BatchedEncoder(
