@@ -175,6 +175,7 @@ class BatchedEncoder:
         cache.length, cache.short_lookahead = state.length, state.short_lookahead
 
     # the forward
+    @torch.inference_mode()
     def encode(
         self,
         caches: Sequence[EncoderCache],
@@ -187,19 +188,6 @@ class BatchedEncoder:
         ``tokens[i]`` holds a chunk's tokens with its lookahead (a prompt: its tokens plus the
         pad tokens); caches are updated in place and cut to ``prompt_frames[i]`` + 100.
         """
-        mu, frames = self.encode_padded(caches, tokens, last, prompt_frames)
-        return [mu[i, :n].transpose(0, 1) for i, n in enumerate(frames)]
-
-    @torch.inference_mode()
-    def encode_padded(
-        self,
-        caches: Sequence[EncoderCache],
-        tokens: Sequence[torch.Tensor | Sequence[int]],
-        last: Sequence[bool],
-        prompt_frames: Sequence[int],
-    ) -> tuple[torch.Tensor, list[int]]:
-        """:meth:`encode` as one tensor: mu [B, N, 80] (row i valid in its first ``frames[i]``
-        frames, the rest undefined) and ``frames``."""
         b = len(caches)
         if not b or not len(tokens) == len(last) == len(prompt_frames) == b:
             raise ValueError("one token chunk, last flag and prompt length per cache")
@@ -284,7 +272,7 @@ class BatchedEncoder:
         for c, n, length in zip(caches, plan.new_frames, plan.new_length, strict=True):
             c.length = length
             c.short_lookahead = n < LOOKAHEAD_CACHE
-        return mu, [self.stride * n for n in plan.new_frames]
+        return [mu[i, : self.stride * n].transpose(0, 1) for i, n in enumerate(plan.new_frames)]
 
     def _layer(
         self,

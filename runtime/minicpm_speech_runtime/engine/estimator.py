@@ -22,6 +22,7 @@ from torch import nn
 
 from .graphs import GraphDispatcher, GraphKey
 from .kernels import Kernels
+from .transfer import to_device
 
 
 @dataclass(slots=True)
@@ -130,10 +131,10 @@ class BatchedEstimator:
         t = torch.linspace(0, 1, self.steps + 1, device=device, dtype=dtype)
         return 1 - torch.cos(t * 0.5 * torch.pi)  # cosine schedule, as the reference
 
-    def noise(self, start: torch.Tensor, frames: int) -> torch.Tensor:
-        """[n, 80, F] slices of the CFM's fixed noise, row i from frame ``start[i]`` (its cache
-        length; a device tensor)."""
+    def noise(self, offsets: list[int], frames: int) -> torch.Tensor:
+        """[n, 80, F] slices of the CFM's fixed noise, each starting at its cache length."""
         noise = self.cfm.rand_noise[0]  # [80, N]
+        start = to_device(torch.tensor(offsets), noise.device)
         idx = start[:, None] + torch.arange(frames, device=noise.device)
         return noise[:, idx.clamp_(max=noise.shape[1] - 1)].permute(1, 0, 2)
 

@@ -155,26 +155,20 @@ class Runner:
         of them, then one batched solve per group."""
         every = [s for group in groups for s in group]
         with self.phase("setup_encode"):
-            mu, lens = self._encode(
-                every, [self._prompt_tokens(s) for s in every], [False] * len(every)
-            )
-        at = 0
+            mus = self._encode(every, [self._prompt_tokens(s) for s in every], [False] * len(every))
+        mu_of = {id(s): mu for s, mu in zip(every, mus, strict=True)}
         for group in groups:
+            conds = [s.voice.prompt_mels[0].transpose(0, 1) for s in group]  # [80, P]
             rows: list[Row] = []
             for j, s in enumerate(group):
                 d = self.streams[s.stream_id]
                 pos = d.frames.setup()
                 rows.append((j, d.spk, pos, pos))
             with self.phase("setup_solve"):
-                conds = [s.voice.prompt_mels[0] for s in group]  # [P, 80]
-                cond = torch.nn.utils.rnn.pad_sequence(conds, batch_first=True)
-                end = at + len(group)
-                self._solve(
-                    self.setup_solve, rows, mu[at:end], lens[at:end], [0] * len(group), cond
-                )
+                group_mus = [mu_of[id(s)] for s in group]
+                self._solve(self.setup_solve, rows, group_mus, conds, offsets=[0] * len(group))
                 for j, s in enumerate(group):
                     self._adopt(j, s)
-            at = end
             if self.setup_cache.enabled:
                 for s in group:
                     self.setup_cache.put(s.voice_key, self._snapshot(s))
@@ -227,11 +221,10 @@ class Runner:
 
     def _encode(
         self, streams: list[StreamState], tokens: list[torch.Tensor], last: list[bool]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Encoder ``forward_chunk`` for every stream in one batched pass: mu [B, N, 80] and
-        each row's frames."""
+    ) -> list[torch.Tensor]:
+        """Encoder ``forward_chunk`` for every stream in one batched pass; mu [80, frames] each."""
         ds = [self.streams[s.stream_id] for s in streams]
-        return self.encoder.encode_padded(
+        return self.encoder.encode(
             [d.encoder for d in ds], tokens, last, [d.prompt_frames for d in ds]
         )
 
@@ -243,13 +236,15 @@ class Runner:
         with self.phase("decode_encode"):
             streams = [s for s, _ in batch]
             tokens = [torch.tensor(c.tokens, dtype=torch.int32) for _, c in batch]
-            mu, lens = self._encode(streams, tokens, [c.last for _, c in batch])
-            for s, n in zip(streams, lens, strict=True):
-                d = self.streams[s.stream_id]
-                offsets.append(d.frames.length)
-                rows.append((s.slot, d.spk, d.frames.append_chunk(n), d.frames.logical))
+            mus = self._encode(streams, tokens, [c.last for _, c in batch])
+            for s, mu in zip(streams, mus, strict=True):
+                fm = self.streams[s.stream_id].frames
+                offsets.append(fm.length)
+                spk = self.streams[s.stream_id].spk
+                rows.append((s.slot, spk, fm.append_chunk(mu.shape[1]), fm.logical))
+        conds = [torch.zeros_like(m) for m in mus]
         with self.phase("decode_solve"):
-            mels = self._solve(self.decode_solve, rows, mu, lens, offsets)
+            mels = self._solve(self.decode_solve, rows, mus, conds, offsets)
         for s, _ in batch:
             self.streams[s.stream_id].frames.truncate()
         caches = [self.streams[s.stream_id].vocoder for s, _ in batch]
@@ -263,44 +258,30 @@ class Runner:
         self,
         solver: GraphedSolve,
         rows: list[Row],
-        mu: torch.Tensor,
-        lens: list[int],
+        mus: list[torch.Tensor],
+        conds: list[torch.Tensor],
         offsets: list[int],
-        cond: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
-        """One batched solve; returns mel [80, lens[i]] per row. A graph's shape when one fits.
-
-        Row i's encoder output is ``mu[i, :lens[i]]`` ([k, >= max(lens), 80], undefined past
-        that) and its prompt mel ``cond[i]`` (zeros when None, as in decode). The solve's
-        inputs are built with a few batched kernels whatever the row count: per-row copies
-        were ~4 launches per stream."""
+        """One batched solve; returns mel [80, n] per row. A graph's shape when one fits."""
+        lens = [m.shape[1] for m in mus]
         lo, hi = min(r[0] for r in rows), max(r[0] for r in rows) + 1
-        longest = frames = max(lens)
+        frames = max(lens)
         key = solver.select(hi, frames)
         if key is not None:
             lo, hi, frames = 0, key.batch, key.frames
         with self.phase("host_inputs"):
             inputs = self._inputs(rows, lo, hi, frames, solver.trash)
-        n, dev = hi - lo, self.device
-        host = torch.tensor([[r[0] - lo for r in rows], lens, offsets], dtype=torch.long)
-        place, length, start = to_device(host, dev).unbind(0)
-        valid = (torch.arange(longest, device=dev) < length[:, None]).unsqueeze(1)  # [k, 1, F]
-
-        def placed(per_row: torch.Tensor) -> torch.Tensor:  # [k, 80, longest] -> [n, 80, frames]
-            out = torch.zeros(n, 80, frames, device=dev)
-            out[:, :, :longest].index_copy_(0, place, per_row * valid)
-            return out
-
-        inputs.x = placed(self.estimator.noise(start, longest))
-        inputs.mu = placed(mu[:, :longest].transpose(1, 2))
-        inputs.cond = (
-            torch.zeros(n, 80, frames, device=dev)
-            if cond is None
-            else placed(cond[:, :longest].transpose(1, 2))
-        )
-        inputs.spk = torch.zeros(n, 80, device=dev).index_copy_(
-            0, place, torch.stack([r[1] for r in rows])
-        )
+        n = hi - lo
+        x = torch.zeros(n, 80, frames, device=self.device)
+        mu, cond = torch.zeros_like(x), torch.zeros_like(x)
+        spk = torch.zeros(n, 80, device=self.device)
+        noise = self.estimator.noise(offsets, max(lens))
+        for i, (slot, row_spk, _, _) in enumerate(rows):
+            j, f = slot - lo, lens[i]
+            x[j, :, :f] = noise[i, :, :f]
+            mu[j, :, :f], cond[j, :, :f] = mus[i], conds[i]
+            spk[j] = row_spk
+        inputs.x, inputs.mu, inputs.cond, inputs.spk = x, mu, cond, spk
         with self.phase("estimator"):
             out = solver.run(key, inputs)
         return [out[r[0] - lo, :, : lens[i]] for i, r in enumerate(rows)]

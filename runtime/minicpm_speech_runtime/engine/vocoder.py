@@ -102,47 +102,52 @@ class BatchedVocoder:
     def run(
         self, mels: list[torch.Tensor], caches: list[VocoderCache], last: list[bool]
     ) -> list[torch.Tensor]:
-        """mels: per stream [80, F]; updates ``caches`` in place; returns speech [samples] each.
-
-        Streams whose cached and new lengths agree run as one HiFT batch, and everything
-        around it (joining the cached mel, the cross-fade, the next caches) is a few batched
-        kernels per group, not a few per stream."""
-        groups: dict[tuple[int, int, int], list[int]] = {}
-        for i, (m, c) in enumerate(zip(mels, caches, strict=True)):
-            shape = (c.mel.shape[1] + m.shape[1], c.source.shape[1], c.speech.shape[0])
-            groups.setdefault(shape, []).append(i)
+        """mels: per stream [80, F]; updates ``caches`` in place; returns speech [samples] each."""
+        full = [torch.cat([c.mel, m], dim=1) for c, m in zip(caches, mels, strict=True)]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, (f, c) in enumerate(zip(full, caches, strict=True)):
+            groups.setdefault((f.shape[1], c.source.shape[1]), []).append(i)
         out: list[torch.Tensor] = [torch.empty(0)] * len(mels)
         for idx in groups.values():
-            self._group(idx, mels, caches, last, out)
+            self._group(idx, full, caches, last, out)
         return out
 
     def _group(
         self,
         idx: list[int],
-        mels: list[torch.Tensor],
+        full: list[torch.Tensor],
         caches: list[VocoderCache],
         last: list[bool],
         out: list[torch.Tensor],
     ) -> None:
-        cached = torch.stack([caches[i].mel for i in idx])  # [G, 80, cached frames]
-        mel = torch.cat([cached, torch.stack([mels[i] for i in idx])], dim=2)  # [G, 80, L]
+        mel = torch.stack([full[i] for i in idx])  # [G, 80, L]
         src = torch.stack([caches[i].source for i in idx])  # [G, 1, S]
         speech, source = self._hift(mel, src)  # [G, samples], [G, 1, samples]
-        prev = torch.stack([caches[i].speech for i in idx])  # [G, cached samples]
-        if prev.shape[1] > 0:
-            speech = _fade(speech, prev, self.window)
-        # the next caches outlive this call's (graph-owned) outputs: one copy per group
-        mel_tail = mel[:, :, -MEL_CACHE:].clone()
-        source_tail = source[:, :, -SOURCE_CACHE:].clone()
-        speech_tail = speech[:, -SOURCE_CACHE:].clone()
         for j, i in enumerate(idx):
-            caches[i] = VocoderCache(mel_tail[j], source_tail[j], speech_tail[j])
-            out[i] = speech[j] if last[i] else speech[j, :-SOURCE_CACHE]
+            out[i] = self._finish(speech[j : j + 1], source[j], mel[j], caches, i, last[i])
+
+    def _finish(
+        self,
+        speech: torch.Tensor,  # [1, samples]
+        source: torch.Tensor,  # [1, samples]
+        mel: torch.Tensor,  # [80, L]
+        caches: list[VocoderCache],
+        i: int,
+        last: bool,
+    ) -> torch.Tensor:
+        prev = caches[i].speech
+        if prev.shape[-1] > 0:
+            speech = _fade(speech, prev[None], self.window)
+        caches[i] = VocoderCache(
+            mel[:, -MEL_CACHE:].clone(),
+            source[:, -SOURCE_CACHE:].clone(),
+            speech[0, -SOURCE_CACHE:].clone(),
+        )
+        return speech[0] if last else speech[0, :-SOURCE_CACHE]
 
 
 def _fade(fade_in: torch.Tensor, fade_out: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
-    """The reference's ``fade_in_out``: cross-fade the overlap with a Hamming window (rows of
-    ``fade_in`` [G, T] with rows of ``fade_out`` [G, S])."""
+    """The reference's ``fade_in_out``: cross-fade the overlap with a Hamming window."""
     n = window.shape[0] // 2
     fade_in = fade_in.clone()
     fade_in[..., :n] = fade_in[..., :n] * window[:n] + fade_out[..., -n:] * window[n:]
