@@ -21,12 +21,12 @@ from minicpm_speech_runtime.bench.parity import (
     utterance,
 )
 from minicpm_speech_runtime.bench.reference_driver import ReferenceDriver
-from minicpm_speech_runtime.engine.config import batch_grid
 from minicpm_speech_runtime.engine.graphs import (
     Body,
     EagerBackend,
     GraphDispatcher,
     GraphKey,
+    batch_grid,
 )
 
 
@@ -137,9 +137,8 @@ def test_graph_path_parity_and_no_capture_after_warmup(setup) -> None:  # type: 
                     eng.push_tokens(sid, utterance(n, i), last=True)
     stats = eng.graph_stats()
     # decode 4 sizes x 2 buckets, HiFT 4 sizes x (first chunk, later chunks), setup 3 sizes x
-    # 5 buckets (64, 128, 192, 256, 300); a last chunk's HiFT runs eager (its length is off
-    # the grid)
-    assert captured == stats["graphs"] == 8 + 8 + 15
+    # 3 buckets (128, 256, 300); a last chunk's HiFT runs eager (its length is off the grid)
+    assert captured == stats["graphs"] == 8 + 8 + 9
     assert stats["eager"] == {"hift": 4}
     assert stats["captures_after_warmup"] == 0 and stats["refusals"] == 0
     assert stats["replays"] > 0

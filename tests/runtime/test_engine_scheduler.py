@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-from minicpm_speech_runtime.engine.config import EngineConfig, setup_partition
+from minicpm_speech_runtime.engine.config import EngineConfig
 from minicpm_speech_runtime.engine.scheduler import Scheduler
 from minicpm_speech_runtime.engine.state import EndReason, FrameMap, Phase, StreamState
 
@@ -62,38 +61,6 @@ def test_setup_groups_gather_similar_prompt_lengths() -> None:
         sched.add(st)
     plan = sched.plan(0.0, max_setups=8)
     assert [[s.order for s in g] for g in plan.setup_groups] == [[1, 3], [0, 2]]
-
-
-def _frames_plan(frames: list[int], **config: int) -> list[list[int]]:
-    sched = Scheduler(EngineConfig(max_streams=64, **config))
-    for i, f in enumerate(frames):
-        st = _stream(i)
-        st.prompt_frames = f
-        sched.add(st)
-    return [[s.prompt_frames for s in g] for g in sched.plan(0.0, 64).setup_groups]
-
-
-def test_setup_groups_split_where_padding_costs_more_than_a_solve() -> None:
-    """Six cold voices in one group would run 8 rows x 500 frames; split by length they run
-    2 x 256 and 4 x 500, one solve more but 1488 row-frames less."""
-    frames = [480, 160, 350, 220, 420, 300]
-    assert _frames_plan(frames, micro_batch=8) == [[160, 220], [300, 350, 420, 480]]
-    # a solve that costs more than the padding it saves keeps them together
-    together = _frames_plan(frames, micro_batch=8, setup_solve_overhead=2000)
-    assert together == [sorted(frames)]
-
-
-def test_setup_groups_of_equal_prompts_fill_the_micro_batch() -> None:
-    groups = _frames_plan([400] * 32, micro_batch=8)
-    assert [len(g) for g in groups] == [8, 8, 8, 8]
-    assert [len(g) for g in _frames_plan([400] * 11, micro_batch=8)] == [8, 3]
-
-
-def test_setup_partition_rejects_unsorted_lengths() -> None:
-    with pytest.raises(ValueError, match="ascending"):
-        setup_partition([300, 200], [1, 2], [256, 500], 800)
-    with pytest.raises(ValueError, match="setup_solve_overhead"):
-        EngineConfig(setup_solve_overhead=-1)
 
 
 def test_cached_voices_hit_and_same_voice_streams_follow_their_leader() -> None:

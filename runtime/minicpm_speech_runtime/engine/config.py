@@ -24,11 +24,7 @@ class EngineConfig:
     A voice's cold setup is a pure function of the voice, so its result (prompt keys/values,
     conv and encoder caches) is kept in an LRU of ``setup_cache_mib`` (and at most
     ``setup_cache_voices`` voices) and copied to later streams of that voice instead of being
-    solved again. A step's cold voices are split into setup groups that minimise the padded
-    solve work (graph rows x frame bucket) plus ``setup_solve_overhead`` per group, the fixed
-    cost of one more solve in the same units: on an H200 a setup solve takes ~12 ms plus
-    ~0.0155 ms per row-frame (8 x 500 frames: 74 ms; 1 x 128: 13.7 ms), so ~800 row-frames.
-    ``fused_kernels`` runs the DiT's memory-bound steps and HiFT's Snake as
+    solved again. ``fused_kernels`` runs the DiT's memory-bound steps and HiFT's Snake as
     Triton kernels where Triton and CUDA are present (same fp32 arithmetic as the torch ops).
     """
 
@@ -42,8 +38,7 @@ class EngineConfig:
     precapture: bool = True
     graph_budget: int = 64
     vocoder_graphs: bool = True
-    setup_frame_step: int = 64
-    setup_solve_overhead: int = 800
+    setup_frame_step: int = 128
     idle_timeout_s: float = 30.0
     setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off
     setup_cache_voices: int | None = None  # and at most this many voices, if given (0: off)
@@ -61,8 +56,6 @@ class EngineConfig:
             raise ValueError("graph_budget must be >= 0")
         if self.setup_frame_step < 1:
             raise ValueError("setup_frame_step must be >= 1")
-        if self.setup_solve_overhead < 0:
-            raise ValueError("setup_solve_overhead must be >= 0")
         if self.idle_timeout_s <= 0:
             raise ValueError("idle_timeout_s must be > 0")
         if self.setup_cache_mib < 0:
@@ -74,10 +67,6 @@ class EngineConfig:
     def max_chunk_frames(self) -> int:
         """Frames of the largest chunk: a last chunk of 25 + 3 tokens, 2 frames each."""
         return 2 * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)
-
-    @property
-    def setup_batch_sizes(self) -> list[int]:
-        return batch_grid(self.micro_batch)
 
     @property
     def setup_frame_buckets(self) -> list[int]:
@@ -101,36 +90,3 @@ class EngineConfig:
 
 def _aligned(frames: int) -> int:
     return -(-frames // 8) * 8
-
-
-def batch_grid(limit: int) -> list[int]:
-    """1, 2, 4, ... up to ``limit``, and ``limit`` itself."""
-    sizes = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
-    return sizes if sizes[-1] == limit else [*sizes, limit]
-
-
-def setup_partition(
-    frames: list[int], sizes: list[int], buckets: list[int], overhead: int
-) -> list[int]:
-    """Sizes of consecutive groups of ``frames`` (ascending) with the least padded solve work.
-
-    A group of ``k`` prompts runs at the smallest of ``sizes`` >= ``k`` rows and the smallest of
-    ``buckets`` >= its longest prompt; each group also costs ``overhead``. Ties go to the split
-    whose later groups are smaller, so earlier (shorter) prompts fill a group first.
-    """
-    if any(b > a for a, b in zip(frames[1:], frames, strict=False)):
-        raise ValueError("frames must be in ascending order")
-    n, most = len(frames), max(sizes)
-    best, cut = [0] + [-1] * n, [0] * (n + 1)
-    for end in range(1, n + 1):
-        width = next((b for b in buckets if b >= frames[end - 1]), frames[end - 1])
-        for start in range(end - 1, max(0, end - most) - 1, -1):
-            rows = min(s for s in sizes if s >= end - start)
-            cost = best[start] + overhead + rows * width
-            if best[end] < 0 or cost < best[end]:
-                best[end], cut[end] = cost, start
-    groups = []
-    while n:
-        groups.append(n - cut[n])
-        n = cut[n]
-    return groups[::-1]

@@ -189,3 +189,9 @@ def _fits(key: GraphKey, frames: int, extra: int | None) -> bool:
     if extra is None:
         return key.frames >= frames
     return key.frames == frames and key.extra == extra
+
+
+def batch_grid(limit: int) -> list[int]:
+    """1, 2, 4, ... up to ``limit``, and ``limit`` itself."""
+    sizes = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
+    return sizes if sizes[-1] == limit else [*sizes, limit]

@@ -25,11 +25,10 @@ from .config import (
     LOOKAHEAD_TOKENS,
     PROMPT_PAD_TOKEN,
     EngineConfig,
-    batch_grid,
 )
 from .encoder import BatchedEncoder, EncoderCache
 from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
-from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher
+from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
 from .kernels import Kernels
 from .setup_cache import SetupCache, VoiceSetup
 from .state import Chunk, FrameMap, StreamState
@@ -83,7 +82,7 @@ class Runner:
             self.setup_estimator,
             self.graphs,
             "setup",
-            config.setup_batch_sizes,
+            batch_grid(config.micro_batch),
             config.setup_frame_buckets,
         )
         self.encoder = BatchedEncoder(

@@ -7,9 +7,8 @@ same solve as continuing streams.
 Setting up: a new stream whose voice is in the setup cache takes a copy (a hit); of the rest,
 the first stream of each voice is set up cold, in groups of at most ``micro_batch``, and later
 streams of the same voice copy their leader's result (followers). Every group of a step is
-solved within that step, so groups are formed by prompt length (arrival order among equals): a
-group is padded to its longest prompt and to a graph's row count, and the split into groups is
-the one with the least padded work plus a fixed cost per solve (``setup_partition``).
+solved within that step, so groups are formed by prompt length (arrival order among equals):
+a group is padded to its longest prompt, and similar lengths waste the least.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Container
 from dataclasses import dataclass, field
 
-from .config import EngineConfig, setup_partition
+from .config import EngineConfig
 from .state import Chunk, EndReason, Phase, StreamState
 
 
@@ -69,15 +68,8 @@ class Scheduler:
             else:
                 leaders[s.voice_key] = s
         cold = sorted(leaders.values(), key=lambda s: (s.prompt_frames, s.order))
-        cfg, at = self.config, 0
-        for size in setup_partition(
-            [s.prompt_frames for s in cold],
-            cfg.setup_batch_sizes,
-            cfg.setup_frame_buckets,
-            cfg.setup_solve_overhead,
-        ):
-            plan.setup_groups.append(cold[at : at + size])
-            at += size
+        mb = self.config.micro_batch
+        plan.setup_groups = [cold[i : i + mb] for i in range(0, len(cold), mb)]
         starting = {id(s) for s in new}
         for s in alive:
             if s.phase is Phase.LIVE or id(s) in starting:
