@@ -53,6 +53,7 @@ from .parity import drain, fixed_nsf_noise, make_voices, max_diff, reference_chu
 from .reference_driver import ReferenceDriver
 
 SR = 24000
+OPTIONAL_STAGES = {"parity", "burst"}  # a comparison run of throughput can leave these out
 UTT_TOKENS, PIECE, FIRST_WINDOW = 250, 25, 28
 
 
@@ -424,7 +425,13 @@ def main() -> None:
     p.add_argument("--voices", type=int, default=16)
     p.add_argument("--graphs", choices=["on", "off"], default="on")
     p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton kernels")
+    p.add_argument(
+        "--skip", default="", help="stages to leave out: parity, burst (comma-separated)"
+    )
     a = p.parse_args()
+    skip = {x for x in a.skip.split(",") if x}
+    if not skip <= OPTIONAL_STAGES:
+        p.error(f"--skip {a.skip!r}: stages that can be left out are {sorted(OPTIONAL_STAGES)}")
     fused = a.fused == "on"
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -447,9 +454,11 @@ def main() -> None:
     voices = make_voices(models, [float(s) for s in rng.uniform(3.0, 10.0, a.voices)])
     res["voice_prompt_frames"] = [int(v.prompt_mels.shape[1]) for v in voices]
     graphs = a.graphs == "on"
-    _stage(res, "parity", lambda: parity(models, voices[:3], graphs, fused))
+    if "parity" not in skip:
+        _stage(res, "parity", lambda: parity(models, voices[:3], graphs, fused))
     _stage(res, "matmul_peak", matmul_peak)
-    _stage(res, "setup_burst_32", lambda: setup_burst(models, voices, 32, fused))
+    if "burst" not in skip:
+        _stage(res, "setup_burst_32", lambda: setup_burst(models, voices, 32, fused))
     peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
     res["engine"], res["reference"] = {}, {}
     for c in [int(x) for x in a.conc.split(",") if x]:
