@@ -136,7 +136,8 @@ def child(a: argparse.Namespace) -> None:
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     models = load_code2wav(a.checkpoint, dev)
-    rng = np.random.default_rng(0)  # the voices engine_bench uses
+    # engine_bench's voices, built here: older trees have no ``bench_voices``
+    rng = np.random.default_rng(0)
     voices = make_voices(models, [float(s) for s in rng.uniform(3.0, 10.0, a.voices)])
     built: list[Any] = []
     plain = engine_bench.EngineConfig

@@ -294,6 +294,13 @@ def run_engine(
     return res
 
 
+def bench_voices(models: Code2WavModels, count: int) -> list[Any]:
+    """The benchmark's voices: ``count`` random-waveform references of 3-10 s, the same ones
+    every run (seed 0)."""
+    seconds = np.random.default_rng(0).uniform(3.0, 10.0, count)
+    return make_voices(models, [float(s) for s in seconds])
+
+
 def mean_prompt_frames(voices: list[Any]) -> int:
     return int(np.mean([v.prompt_mels.shape[1] for v in voices]))
 
@@ -450,8 +457,7 @@ def main() -> None:
             a.workdir / "ckpt", REAL if a.generate == "real" else TINY, 0, a.campplus_onnx
         )
     models = load_code2wav(folder, dev)
-    rng = np.random.default_rng(0)
-    voices = make_voices(models, [float(s) for s in rng.uniform(3.0, 10.0, a.voices)])
+    voices = bench_voices(models, a.voices)
     res["voice_prompt_frames"] = [int(v.prompt_mels.shape[1]) for v in voices]
     graphs = a.graphs == "on"
     if "parity" not in skip:

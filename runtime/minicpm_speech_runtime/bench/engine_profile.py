@@ -169,10 +169,10 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
 
     from torch.profiler import ProfilerActivity, profile
 
-    from .engine_bench import _engine_loop, steady_loop
+    from .engine_bench import _engine_loop, bench_voices, steady_loop
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    voices = make_voices(models, [float(s) for s in np.random.default_rng(0).uniform(3, 10, 16)])
+    voices = bench_voices(models, 16)
     cfg = EngineConfig(
         max_streams=conc, micro_batch=min(8, conc), setup_cache_mib=0, fused_kernels=fused
     )
