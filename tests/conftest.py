@@ -8,6 +8,7 @@ a fresh namespace on that real cluster (with the chart's CRD applied there). ``o
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -126,6 +127,13 @@ async def emulator_api(crd_path: Path) -> AsyncIterator[EmulatorHttp]:
 
 # A tiny random-weight Code2Wav checkpoint, written once per run: the runtime and the
 # serving tests load the same one through the loader users use.
+
+
+@pytest.fixture
+def child_env() -> dict[str, str]:
+    """The environment for a Python subprocess that imports what this interpreter imports."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -4,7 +4,6 @@ alternating order, one process per run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -37,7 +36,7 @@ def test_variant_specs_name_the_fix(tmp_path: Path) -> None:
 
 
 def test_variants_run_from_their_own_trees_with_their_overrides(
-    tiny_checkpoint: Path, tmp_path: Path
+    tiny_checkpoint: Path, tmp_path: Path, child_env: dict[str, str]
 ) -> None:
     other = tmp_path / "other"
     shutil.copytree(HERE / "minicpm_speech_runtime", other / "minicpm_speech_runtime")
@@ -46,13 +45,12 @@ def test_variants_run_from_their_own_trees_with_their_overrides(
     assert "    graph_budget: int = 64\n" in text
     config.write_text(text.replace("    graph_budget: int = 64\n", "    graph_budget: int = 7\n"))
     out = tmp_path / "ab.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     args = ["--checkpoint", str(tiny_checkpoint), "--conc", "2", "--window", "0.3"]
     args += ["--rounds", "1", "--voices", "1", "--json", str(out)]
     args += ["--variant", "here", "--variant", f"other={other}", "--set", "here:micro_batch=1"]
     run = subprocess.run(
         [sys.executable, "-m", "minicpm_speech_runtime.bench.engine_ab", *args],
-        env=env,
+        env=child_env,
         capture_output=True,
         text=True,
         timeout=600,

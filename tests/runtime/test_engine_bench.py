@@ -4,14 +4,12 @@ concurrency, the table, the JSON and the plot a GPU run commits."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+def _bench(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "minicpm_speech_runtime.bench.engine_bench", *args],
         env=env,
@@ -21,9 +19,12 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_bench_writes_table_json_and_plot(tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_bench_writes_table_json_and_plot(
+    tiny_checkpoint: Path, tmp_path: Path, child_env: dict[str, str]
+) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     run = _bench(
+        child_env,
         "--checkpoint", str(tiny_checkpoint), "--conc", "2", "--ref-conc", "2",
         "--window", "0.5", "--ref-window", "4", "--voices", "2", "--skip", "parity,burst",
         "--git-rev", "test", "--json", str(out), "--png", str(png),
@@ -40,6 +41,7 @@ def test_bench_writes_table_json_and_plot(tiny_checkpoint: Path, tmp_path: Path)
     assert "engine       2" in run.stdout and "reference    2" in run.stdout
 
 
-def test_bench_names_the_stages_it_can_skip(tmp_path: Path) -> None:
-    run = _bench("--generate", "tiny", "--skip", "warmup", "--json", str(tmp_path / "x.json"))
+def test_bench_names_the_stages_it_can_skip(tmp_path: Path, child_env: dict[str, str]) -> None:
+    out = str(tmp_path / "x.json")
+    run = _bench(child_env, "--generate", "tiny", "--skip", "warmup", "--json", out)
     assert run.returncode == 2 and "['burst', 'parity']" in run.stderr

@@ -24,12 +24,10 @@ from minicpm_speech_runtime.engine.kernels import SELF_CHECK_TOLERANCE, Kernels
 CHECK = Path(__file__).with_name("fused_kernels_check.py")
 
 
-def test_triton_kernels_match_torch_ops(tiny_checkpoint: Path) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+def test_triton_kernels_match_torch_ops(tiny_checkpoint: Path, child_env: dict[str, str]) -> None:
     run = subprocess.run(
         [sys.executable, str(CHECK), str(tiny_checkpoint)],
-        env=env,
+        env={**child_env, "TRITON_INTERPRET": "1"},
         capture_output=True,
         text=True,
         timeout=600,
