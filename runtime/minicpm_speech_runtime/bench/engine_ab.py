@@ -2,10 +2,10 @@
 
 A variant is a source tree (any revision's ``runtime`` folder, e.g. from ``git worktree add``)
 and optional ``EngineConfig`` overrides. Every run loads the models afresh and measures the
-benchmark's steady-state loop at one concurrency (``engine_bench.run_engine``). Each device
-call gets a fresh machine, and one engine's figure moved by ~2 % between calls, so a change
-worth a few percent is only seen side by side; variants run in alternating order, round after
-round (A B B A ...), so drift during a call (clocks, heat) falls on both; and a process per run
+benchmark's steady-state loop at one concurrency (``engine_bench.run_engine``). One engine's
+figure moved by ~2 % between runs on freshly started machines, so a change worth a few percent
+is only seen side by side on one machine; variants run in alternating order, round after round
+(A B B A ...), so drift during a run (clocks, heat) falls on both; and a process per run
 keeps one variant's memory and graphs from shaping the next. Prints a table and writes JSON.
 
 Usage (two revisions at 64 streams, two rounds)::
