@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from minicpm_speech_runtime.assets import load_code2wav
-from minicpm_speech_runtime.engine.estimator import BatchedEstimator, SolveInputs
+from minicpm_speech_runtime.engine.estimator import BatchedEstimator, PackedRows, SolveInputs
 from minicpm_speech_runtime.engine.kernels import Kernels
 
 
@@ -96,6 +96,23 @@ def kernel_diffs(fused: Kernels, eager: Kernels) -> dict[str, float]:
         got, want = fused.conv_taps(x, cache, last), eager.conv_taps(x, cache, last)
         out[f"conv_taps_{c}"] = max(diff(got[0], want[0]), diff(got[1], want[1]))
 
+    # prompts packed end to end: a key range per frame, segments [0, 3), [3, 50) and [50, 70)
+    # (a boundary inside a 64-frame block and a block past it)
+    first = torch.tensor([0] * 3 + [3] * 47 + [50] * 20)
+    per_frame = torch.stack([first, torch.tensor([3] * 3 + [50] * 47 + [70] * 20)], dim=-1)
+    per_frame = per_frame.expand(2, -1, -1).contiguous()
+    q, kc, vc = rnd(2, heads, f, d), rnd(2, heads, 72, d), rnd(2, heads, 72, d)
+    zero = torch.zeros(2, 1, 1, 72)
+    out["attention_packed"] = diff(
+        fused.attention(q, kc, vc, zero, per_frame), eager.attention(q, kc, vc, zero, per_frame)
+    )
+    # packed conv taps: segments [0, 2), [2, 7), [7, 9), each from a zero cache
+    starts = torch.tensor([0, 0, 2, 2, 2, 2, 2, 7, 7]).expand(2, -1).contiguous()
+    for c in (80, 300):
+        x = rnd(2, 9, c)
+        got, want = fused.conv_taps_packed(x, starts), eager.conv_taps_packed(x, starts)
+        out[f"conv_taps_packed_{c}"] = diff(got, want)
+
     x, alpha = 4 * rnd(2, 5, 33), rnd(5).abs() + 0.1
     out["snake"] = diff(fused.snake(x, alpha), eager.snake(x, alpha))
     return out
@@ -163,6 +180,42 @@ def solve_diffs(checkpoint: str) -> dict[str, float]:
     }
 
 
+def packed_solve_diffs(checkpoint: str) -> dict[str, float]:
+    """One packed setup solve (prompts of 6 and 4 frames, 2 frames of padding), fused vs torch."""
+    from minicpm_speech_runtime.engine.setup_solve import PackLayout, packed_indices
+
+    models = load_code2wav(checkpoint, "cpu")
+    layout, t = PackLayout((6, 4), 12), 16
+    ix = packed_indices(layout, 4)
+    runs = []
+    for fused in (True, False):
+        est = BatchedEstimator(models.flow.decoder, 1, t, 10, Kernels(fused), conv_slots=2)
+        g = torch.Generator().manual_seed(2)
+        s = SolveInputs(
+            0,
+            1,
+            torch.randn(1, 80, 12, generator=g),
+            torch.randn(1, 80, 12, generator=g),
+            torch.randn(1, 80, 12, generator=g),
+            torch.randn(1, 80, 12, generator=g),
+            ix["write_pos"],
+            torch.ones(2, 1, 1, t, dtype=torch.bool),
+            ix["key_range"],
+            torch.empty(0),
+            torch.empty(0),
+            PackedRows(ix["seg_first"], ix["cache_src"]),
+        )
+        with torch.inference_mode():
+            out = est.solve(s)
+        runs.append((out, est))
+    (a, ea), (b, eb) = runs
+    return {
+        "packed_solve": diff(a, b),
+        "packed_k_cache": diff(ea.k, eb.k),
+        "packed_conv_cache": diff(ea.conv, eb.conv),
+    }
+
+
 def main() -> None:
     _interpreter_scalar_loop_bounds()
     result = kernel_diffs(Kernels(fused=True), Kernels(fused=False))
@@ -171,6 +224,7 @@ def main() -> None:
     result["self_check"] = chosen.self_check(torch.device("cpu")) if chosen.fused else -1.0
     result["chosen_under_tf32"] = chosen_under_tf32()
     result.update(solve_diffs(sys.argv[1]))
+    result.update(packed_solve_diffs(sys.argv[1]))
     print(json.dumps(result))
 
 

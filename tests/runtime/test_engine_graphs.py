@@ -1,6 +1,6 @@
 """Graph dispatch on CPU: grid selection, budget, refusals, eager counting, no capture after
-warm-up; and the engine's graph path (static buffers, padded batch and frames, the setup
-scratch) against the reference's PCM, with a capture backend that runs eagerly."""
+warm-up; and the engine's graph path (static buffers, padded batch and frames, packed setup
+solves) against the reference's PCM, with a capture backend that runs eagerly."""
 
 from __future__ import annotations
 
@@ -136,9 +136,10 @@ def test_graph_path_parity_and_no_capture_after_warmup(setup) -> None:  # type: 
                     eng.add_stream(sid, voices[v])
                     eng.push_tokens(sid, utterance(n, i), last=True)
     stats = eng.graph_stats()
-    # decode 4 sizes x 2 buckets, HiFT 4 sizes x (first chunk, later chunks), setup 3 sizes x
-    # 3 buckets (128, 256, 300); a last chunk's HiFT runs eager (its length is off the grid)
-    assert captured == stats["graphs"] == 8 + 8 + 9
+    # decode 4 sizes x 2 buckets, HiFT 4 sizes x (first chunk, later chunks), packed setup
+    # widths 256, 512, 768 and 900 (3 prompts of 300 frames); a last chunk's HiFT runs eager
+    # (its length is off the grid)
+    assert captured == stats["graphs"] == 8 + 8 + 4
     assert stats["eager"] == {"hift": 4}
     assert stats["captures_after_warmup"] == 0 and stats["refusals"] == 0
     assert stats["replays"] > 0

@@ -139,3 +139,42 @@ def test_setup_cache_off_solves_every_stream(setup, nsf) -> None:  # type: ignor
     # the two streams of one voice in one step still share one solve
     assert (c.setups, c.setup_shared, c.setup_hits) == (1, 1, 0)
     assert max_diff([g for g in got["x"]], got["y"]) == 0.0
+
+
+def test_cold_setup_caches_equal_reference_setup_cache(setup) -> None:  # type: ignore[no-untyped-def]
+    """Each cold voice's estimator caches (prompt keys, values, conv state) equal those of the
+    reference's ``setup_cache`` for that voice alone, whatever was solved before it: groups of
+    mixed prompt lengths, then a later group that reuses the same setup storage."""
+    small, voices = setup
+    more = make_voices(small, [2.6, 4.1, 1.5])
+    every = [*voices, *more]
+    driver = ReferenceDriver(small)
+    for i, v in enumerate(every):
+        driver.add(i, v)
+    eng = engine(small, micro_batch=2, setup_cache_mib=0)
+    waves = [[0, 1, 2], [3], [4, 5]]  # 2 groups, then 1 voice, then 1 group (sorted by length)
+    est = eng.runner.estimator
+    for wave in waves:
+        for i in wave:
+            eng.add_stream(i, every[i])
+            eng.push_tokens(i, utterance(10, i))  # no chunk ready: the step only sets up
+        eng.step()
+        for i in wave:
+            s = eng.scheduler.streams[i]
+            p, rows = s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)
+            ref = driver.streams[i].stream_cache
+            assert ref is not None
+            # the reference's buffers hold more Euler steps than it uses
+            att = ref["estimator_att_cache"][: est.steps]
+            cnn = ref["estimator_cnn_cache"][: est.steps]
+            d = est.head_dim
+            assert att.shape[4] == p
+            k, v = est.k[:, :, rows, :, :p], est.v[:, :, rows, :, :p]
+            assert float((k - att[..., :d]).abs().max()) <= 1e-4, i
+            assert float((v - att[..., d:]).abs().max()) <= 1e-4, i
+            conv = est.conv[:, :, rows].transpose(-1, -2)
+            assert float((conv - cnn).abs().max()) <= 1e-4, i
+        for i in wave:
+            eng.cancel(i)
+        eng.step()
+    assert eng.counters.setups == len(every)

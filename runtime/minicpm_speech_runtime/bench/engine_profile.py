@@ -149,9 +149,11 @@ def device_parts(
         solve = eng.runner.decode_solve
         key = GraphKey("decode", min(32, a.max_streams), 50)
         res["decode_eager_kernels"] = top_kernels(lambda: solve.est.solve(solve._views(key)))
-        sk = GraphKey("setup", micro, 384)
+        # a packed setup as wide as the benchmark's group of new voices (mean prompt 325)
+        want = micro * 325
+        width = min((b for b in cfg.setup_frame_buckets if b >= want), default=want)
         ssolve = eng.runner.setup_solve
-        res["setup_eager_kernels"] = top_kernels(lambda: ssolve.est.solve(ssolve._views(sk)))
+        res["setup_eager_kernels"] = top_kernels(lambda: ssolve.est.solve(ssolve._views(width)))
         res["encoder_kernels"] = top_kernels(
             lambda: eng.runner._encode(streams, [toks] * len(streams), [False] * len(streams))
         )

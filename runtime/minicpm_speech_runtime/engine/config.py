@@ -17,10 +17,12 @@ class EngineConfig:
 
     ``max_streams`` slots are preallocated; ``max_prompt_frames`` bounds a voice's 50 Hz prompt
     mel (2 per prompt token; 500 = a 10 s reference). ``micro_batch`` bounds one cold-setup group.
+    A group's prompts are solved packed end to end in one row pair (``micro_batch`` prompts,
+    at most ``micro_batch * max_prompt_frames`` frames).
     With ``cuda_graphs`` (CUDA devices only) the solves and the vocoder replay graphs of a grid:
-    batch sizes 1, 2, 4, ... up to ``max_streams`` (setup: ``micro_batch``) by frame buckets
-    (decode: 50 and 56; setup: multiples of ``setup_frame_step`` up to ``max_prompt_frames``),
-    at most ``graph_budget`` graphs, captured by ``Code2WavEngine.warmup`` when ``precapture``.
+    decode: batch sizes 1, 2, 4, ... up to ``max_streams`` by 50 and 56 frames; setup: packed
+    widths, multiples of ``setup_frame_step`` up to the group's most frames; at most
+    ``graph_budget`` graphs, captured by ``Code2WavEngine.warmup`` when ``precapture``.
     A voice's cold setup is a pure function of the voice, so its result (prompt keys/values,
     conv and encoder caches) is kept in an LRU of ``setup_cache_mib`` (and at most
     ``setup_cache_voices`` voices) and copied to later streams of that voice instead of being
@@ -38,7 +40,7 @@ class EngineConfig:
     precapture: bool = True
     graph_budget: int = 64
     vocoder_graphs: bool = True
-    setup_frame_step: int = 128
+    setup_frame_step: int = 256
     idle_timeout_s: float = 30.0
     setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off
     setup_cache_voices: int | None = None  # and at most this many voices, if given (0: off)
@@ -69,8 +71,13 @@ class EngineConfig:
         return 2 * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)
 
     @property
+    def setup_pack_frames(self) -> int:
+        """Frames of the widest packed setup: ``micro_batch`` of the longest prompts."""
+        return self.micro_batch * self.max_prompt_frames
+
+    @property
     def setup_frame_buckets(self) -> list[int]:
-        step, top = self.setup_frame_step, self.max_prompt_frames
+        step, top = self.setup_frame_step, self.setup_pack_frames
         return [*range(step, top, step), top]
 
     @property
@@ -84,8 +91,8 @@ class EngineConfig:
 
     @property
     def setup_cache_frames(self) -> int:
-        """Positions of a cold-setup slot: the longest prompt and a trash frame, aligned."""
-        return _aligned(self.max_prompt_frames + 1)
+        """Positions of the packed setup's row pair: its widest solve and a trash frame."""
+        return _aligned(self.setup_pack_frames + 1)
 
 
 def _aligned(frames: int) -> int:

@@ -26,8 +26,25 @@ from .transfer import to_device
 
 
 @dataclass(slots=True)
+class PackedRows:
+    """Segments (one voice's prompt each) end to end along the frames of each row.
+
+    Each segment starts from the reference's fresh conv cache (zeros), and its conv caches
+    after the solve are its own last two frames; they go to the estimator's conv rows, all of
+    which a packed solve overwrites.
+    """
+
+    seg_first: torch.Tensor  # [R, F] int64 first frame of each frame's segment
+    cache_src: torch.Tensor  # [G, 2] int64 row * F + frame of each conv row's two frames
+
+
+@dataclass(slots=True)
 class SolveInputs:
-    """One batched solve over slots ``[lo, hi)``; ``n = hi - lo`` streams, ``R = 2n`` rows."""
+    """One batched solve over slots ``[lo, hi)``; ``n = hi - lo`` streams, ``R = 2n`` rows.
+
+    With ``packed`` set, each row holds several segments: ``spk`` is per frame [n, 80, F],
+    ``key_range`` is per frame [R, F, 2], and ``last_idx`` and ``active`` are unused.
+    """
 
     lo: int
     hi: int
@@ -40,6 +57,7 @@ class SolveInputs:
     key_range: torch.Tensor  # [R, 2] int64 [lo, hi) holding every valid key of the row
     last_idx: torch.Tensor  # [R] int64 frames per row (conv caches keep the 2 before it)
     active: torch.Tensor  # [R] bool rows whose caches this solve updates
+    packed: PackedRows | None = None
 
 
 @dataclass(slots=True)
@@ -97,7 +115,10 @@ class BatchedEstimator:
         frames: int,
         n_timesteps: int,
         kernels: Kernels | None = None,
+        conv_slots: int | None = None,
     ) -> None:
+        """``slots`` x ``frames`` of key/value storage; ``conv_slots`` (default ``slots``) of
+        conv caches: a packed solve holds several streams' conv caches per slot of keys."""
         self.cfm = cfm
         self.kernels = kernels or Kernels(fused=False)
         self.est = cfm.estimator
@@ -111,7 +132,7 @@ class BatchedEstimator:
         self.k = torch.zeros(shape, dtype=p.dtype, device=p.device)
         self.v = torch.zeros(shape, dtype=p.dtype, device=p.device)
         # conv caches frames-major: [.., 2 frames, conv1 input channels + conv2 input channels]
-        conv = (n_timesteps, self.depth, 2 * slots, 2, 2 * self.hidden)
+        conv = (n_timesteps, self.depth, 2 * (conv_slots or slots), 2, 2 * self.hidden)
         self.conv = torch.zeros(conv, dtype=p.dtype, device=p.device)
         self.cfg_rate = float(cfm.inference_cfg_rate)
         with torch.no_grad():  # the DiT's timestep embedding builds a host tensor: not capturable
@@ -157,7 +178,7 @@ class BatchedEstimator:
         """Euler-integrate ``s.x``; returns [n, 80, F]. Mirrors ``solve_euler_chunk``."""
         x = s.x
         # the conditioning half of the DiT input never changes during a solve: build it once
-        spk_t = s.spk[:, :, None].expand(-1, -1, x.shape[2])
+        spk_t = s.spk if s.spk.dim() == 3 else s.spk[:, :, None].expand(-1, -1, x.shape[2])
         cond = _interleave(torch.cat([s.mu, spk_t, s.cond], dim=1))  # [R, 240, F]
         inputs = torch.cat([x.repeat_interleave(2, 0), cond], dim=1).transpose(1, 2)
         key_bias = torch.zeros(s.key_mask.shape, dtype=x.dtype, device=x.device)
@@ -225,6 +246,8 @@ class BatchedEstimator:
     def conv_block(self, ctx: _SolveContext, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
         """``CausalConvBlock.forward_chunk`` on ragged rows; caches updated for active rows."""
         w, s, k = self.weights[b], ctx.inputs, self.kernels
+        if s.packed is not None:
+            return self._conv_block_packed(s.packed, step, b, x)
         cache = self.conv[step, b, 2 * s.lo : 2 * s.hi]  # [R, 2, 2 * hidden]
         c1, c2 = cache.split(self.hidden, dim=2)
         block = self.est.blocks[b].conv.block
@@ -236,6 +259,19 @@ class BatchedEstimator:
         new = torch.cat([new1, new2], dim=2)
         torch.where(s.active[:, None, None], new, cache, out=cache)
         return y
+
+    def _conv_block_packed(self, p: PackedRows, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
+        """The conv block over packed segments; every conv row gets its segment's new cache."""
+        w, k = self.weights[b], self.kernels
+        block = self.est.blocks[b].conv.block
+        src = p.cache_src.view(-1)
+        new1 = x.reshape(-1, x.shape[2]).index_select(0, src)
+        y = F.linear(k.conv_taps_packed(x, p.seg_first), w.conv1, block[1].bias)
+        y = k.norm_mish(y, (block[3].weight, block[3].bias), block[3].eps)
+        new2 = y.reshape(-1, y.shape[2]).index_select(0, src)
+        cache = self.conv[step, b]  # [G, 2, 2 * hidden]
+        cache.copy_(torch.cat([new1, new2], dim=1).view(cache.shape[0], 2, -1))
+        return F.linear(k.conv_taps_packed(y, p.seg_first), w.conv2, block[6].bias)
 
 
 @dataclass(slots=True)

@@ -122,14 +122,21 @@ class Kernels:
         bias[..., 60:] = float("-inf")
         key_range = torch.tensor([[0, 60]] * 4, device=device)
 
-        def attention(k: Kernels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # prompts packed end to end: segments [0, 13), [13, 50), keys of each its own
+        first = torch.where(pos < 13, 0, 13)
+        per_frame = torch.stack([first, torch.where(pos < 13, 13, f)], dim=-1)
+
+        def attention(k: Kernels) -> tuple[torch.Tensor, ...]:
             kc, vc = caches.clone().unbind(0)
             q = k.qkv_into_cache(qkv, 2, d, (w, b), (b, w), 1e-6, kc, vc, rows)
-            return q, kc, k.attention(q.contiguous(), kc, vc, bias.clone(), key_range)
+            q = q.contiguous()
+            packed = k.attention(q, kc, vc, torch.zeros_like(bias), per_frame)
+            return q, kc, k.attention(q, kc, vc, bias.clone(), key_range), packed
 
         pairs = [
             *both(lambda k: k.residual_norm(x, w, y, (w, b), 1e-6)),
             *both(lambda k: k.conv_taps(x, y[:, :2], ends)),
+            *both(lambda k: (k.conv_taps_packed(x, first),)),
             *both(lambda k: (k.norm_mish(x, (w, b), 1e-5),)),
             *both(lambda k: (k.snake(x, w[:f].abs() + 0.1),)),
             *both(attention),
@@ -186,13 +193,19 @@ class Kernels:
         key_range: torch.Tensor,
     ) -> torch.Tensor:
         """softmax(q k^T + key_bias) v -> [R, F, H * D]; ``key_bias`` is 0 or -inf per key
-        and every valid key of row r lies in ``key_range[r]`` (which the fused kernel scans)."""
+        and every valid key of row r lies in ``key_range[r]`` (which the fused kernel scans).
+        A ``key_range`` of [R, F, 2] gives each frame its own range, outside which its keys
+        are masked too (prompts packed end to end in one row)."""
         if self.fused:
             return self._t.attention(q, k_cache, v_cache, key_bias, key_range)
         # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
         # attention kernels run on the SIMT units and were the step's largest cost
-        scores = torch.matmul(q, k_cache.transpose(2, 3))  # [R, H, F, T]
-        o = torch.matmul(torch.softmax(scores.add_(key_bias), dim=-1), v_cache)
+        scores = torch.matmul(q, k_cache.transpose(2, 3)).add_(key_bias)  # [R, H, F, T]
+        if key_range.dim() == 3:
+            t = torch.arange(k_cache.shape[2], device=q.device)
+            mine = (t >= key_range[..., :1]) & (t < key_range[..., 1:])  # [R, F, T]
+            scores.masked_fill_(~mine[:, None], float("-inf"))
+        o = torch.matmul(torch.softmax(scores, dim=-1), v_cache)
         return o.transpose(1, 2).flatten(2)
 
     def norm_mish(self, x: torch.Tensor, norm: Pair, eps: float) -> torch.Tensor:
@@ -211,6 +224,18 @@ class Kernels:
         new = y.gather(1, idx[:, :, None].expand(-1, -1, y.shape[2]))
         taps = y.unfold(1, 3, 1)  # [R, F, C, 3]
         return taps.reshape(*taps.shape[:2], -1), new
+
+    def conv_taps_packed(self, x: torch.Tensor, seg_first: torch.Tensor) -> torch.Tensor:
+        """As :meth:`conv_taps` for segments packed end to end in each row, each from a zero
+        cache: a tap before the frame's segment start ``seg_first`` [R, F] reads zero."""
+        if self.fused:
+            return self._t.conv_taps_packed(x, seg_first)
+        r, f, c = x.shape
+        y = torch.cat([x.new_zeros(r, 2, c), x], dim=1)
+        taps = y.unfold(1, 3, 1)  # [R, F, C, 3]: frames f - 2, f - 1, f
+        src = torch.arange(f, device=x.device)[:, None] + torch.arange(-2, 1, device=x.device)
+        taps = taps * (src >= seg_first[..., None])[:, :, None, :]
+        return taps.reshape(r, f, -1)
 
     def snake(self, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         """HiFT's Snake activation on [B, C, T]: five elementwise kernels as torch ops."""

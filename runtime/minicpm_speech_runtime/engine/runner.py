@@ -4,8 +4,8 @@ the static graph buffers and the graph dispatcher.
 Slots are kept compact (live streams hold slots ``0..n-1``): a leaving stream's slot is refilled
 by moving the highest slot into it, so a solve reads one contiguous slot range as a view.
 A decode solve covers slots ``[0, batch)`` of the smallest graph that holds every stream in it.
-A setup group solves in a scratch estimator of ``micro_batch`` slots (so its graphs see slots
-``[0, M)`` whatever slots the group holds) and its caches are then copied to the group's slots.
+A setup group's prompts are packed end to end in a scratch estimator of one row pair
+(:mod:`.setup_solve`), and each prompt's caches are then copied to its stream's slot.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
 from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
 from .kernels import Kernels
 from .setup_cache import SetupCache, VoiceSetup
+from .setup_solve import PackedSetupSolve
 from .state import Chunk, FrameMap, StreamState
 from .transfer import to_device
 from .vocoder import BatchedVocoder, VocoderCache
@@ -65,7 +66,12 @@ class Runner:
             self.flow.decoder, config.max_streams, config.cache_frames, steps, self.kernels
         )
         self.setup_estimator = BatchedEstimator(
-            self.flow.decoder, config.micro_batch, config.setup_cache_frames, steps, self.kernels
+            self.flow.decoder,
+            1,
+            config.setup_cache_frames,
+            steps,
+            self.kernels,
+            conv_slots=config.micro_batch,
         )
         if graph_backend is None and config.cuda_graphs and models.device.type == "cuda":
             graph_backend = CudaGraphBackend(models.device)
@@ -78,12 +84,8 @@ class Runner:
             decode_sizes,
             [2 * CHUNK_TOKENS, config.max_chunk_frames],
         )
-        self.setup_solve = GraphedSolve(
-            self.setup_estimator,
-            self.graphs,
-            "setup",
-            batch_grid(config.micro_batch),
-            config.setup_frame_buckets,
+        self.setup_solve = PackedSetupSolve(
+            self.setup_estimator, self.graphs, config.setup_frame_buckets, config.micro_batch
         )
         self.encoder = BatchedEncoder(
             self.flow, models.device, config.max_streams, config.max_prompt_frames
@@ -151,23 +153,26 @@ class Runner:
     @torch.inference_mode()
     def setup(self, groups: list[list[StreamState]]) -> None:
         """The reference's ``setup_cache`` for groups of new streams: one encoder pass for all
-        of them, then one batched solve per group."""
+        of them, then one packed solve per group."""
         every = [s for group in groups for s in group]
         with self.phase("setup_encode"):
             mus = self._encode(every, [self._prompt_tokens(s) for s in every], [False] * len(every))
         mu_of = {id(s): mu for s, mu in zip(every, mus, strict=True)}
         for group in groups:
-            conds = [s.voice.prompt_mels[0].transpose(0, 1) for s in group]  # [80, P]
-            rows: list[Row] = []
-            for j, s in enumerate(group):
-                d = self.streams[s.stream_id]
-                pos = d.frames.setup()
-                rows.append((j, d.spk, pos, pos))
+            ds = [self.streams[s.stream_id] for s in group]
+            for d in ds:
+                d.frames.setup()
             with self.phase("setup_solve"):
-                group_mus = [mu_of[id(s)] for s in group]
-                self._solve(self.setup_solve, rows, group_mus, conds, offsets=[0] * len(group))
-                for j, s in enumerate(group):
-                    self._adopt(j, s)
+                layout, key = self.setup_solve.layout([d.prompt_frames for d in ds])
+                self.setup_solve.run(
+                    layout,
+                    key,
+                    [mu_of[id(s)] for s in group],
+                    [s.voice.prompt_mels[0].transpose(0, 1) for s in group],  # [80, P]
+                    [d.spk for d in ds],
+                )
+                for j, (s, start) in enumerate(zip(group, layout.starts, strict=True)):
+                    self._adopt(j, start, s)
             if self.setup_cache.enabled:
                 for s in group:
                     self.setup_cache.put(s.voice_key, self._snapshot(s))
@@ -204,12 +209,13 @@ class Runner:
         d.frames.setup()
         self.encoder.import_state(d.encoder, entry.encoder)
 
-    def _adopt(self, src: int, s: StreamState) -> None:
-        """Copy a scratch slot's caches (prompt positions, conv state) into a stream's slot."""
+    def _adopt(self, j: int, start: int, s: StreamState) -> None:
+        """Copy the ``j``-th prompt of a packed setup (keys and values at ``start``, conv
+        caches in conv rows ``2j, 2j + 1``) into the stream's slot."""
         a, b, p, dst = self.setup_estimator, self.estimator, s.prompt_frames, s.slot
         for sbuf, dbuf in ((a.k, b.k), (a.v, b.v)):  # [steps, depth, 2 slots, H, T, D]
-            dbuf[:, :, 2 * dst : 2 * dst + 2, :, :p].copy_(sbuf[:, :, 2 * src : 2 * src + 2, :, :p])
-        b.conv[:, :, 2 * dst : 2 * dst + 2].copy_(a.conv[:, :, 2 * src : 2 * src + 2])
+            dbuf[:, :, 2 * dst : 2 * dst + 2, :, :p].copy_(sbuf[:, :, 0:2, :, start : start + p])
+        b.conv[:, :, 2 * dst : 2 * dst + 2].copy_(a.conv[:, :, 2 * j : 2 * j + 2])
 
     @staticmethod
     def _prompt_tokens(s: StreamState) -> torch.Tensor:

@@ -161,16 +161,25 @@ def _attention(
     BM: tl.constexpr,
     BN: tl.constexpr,
     PRECISION: tl.constexpr,
+    PER_QUERY: tl.constexpr,
 ):
-    """One (row, head, block of frames): online softmax over the row's key range."""
+    """One (row, head, block of frames): online softmax over the row's key range, or with
+    ``PER_QUERY`` over each frame's own range (the block scans the union of its frames')."""
     rh = tl.program_id(1).to(tl.int64)
     r, h = rh // HEADS, rh % HEADS
     fs = tl.program_id(0) * BM + tl.arange(0, BM)
     ds = tl.arange(0, D)
     fm = fs < frames
     q = tl.load(Q + (rh * frames + fs[:, None]) * D + ds[None, :], mask=fm[:, None], other=0.0)
-    lo = tl.load(RANGE + 2 * r)
-    hi = tl.load(RANGE + 2 * r + 1)
+    if PER_QUERY:
+        at = RANGE + 2 * (r * frames + fs)
+        q_lo = tl.load(at, mask=fm, other=2**62)
+        q_hi = tl.load(at + 1, mask=fm, other=0)
+        lo = tl.min(q_lo, axis=0)
+        hi = tl.max(q_hi, axis=0)
+    else:
+        lo = tl.load(RANGE + 2 * r)
+        hi = tl.load(RANGE + 2 * r + 1)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -182,6 +191,9 @@ def _attention(
         k = tl.load(KC + kv, mask=tm[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s += tl.load(BIAS + r * keys + ts, mask=tm, other=float("-inf"))[None, :]
+        if PER_QUERY:
+            mine = (ts[None, :] >= q_lo[:, None]) & (ts[None, :] < q_hi[:, None])
+            s = tl.where(mine, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key seen yet
         p = tl.exp(s - m_safe[:, None])
@@ -203,7 +215,8 @@ def attention(
 ) -> torch.Tensor:
     """softmax(q k^T + bias) v over each row's keys ``[lo, hi)`` -> [R, F, H * D].
 
-    ``key_range`` [R, 2]: keys outside it must be masked in ``key_bias`` (they are skipped).
+    ``key_range`` [R, 2]: keys outside it must be masked in ``key_bias`` (they are skipped);
+    or [R, F, 2], a range per frame (keys outside a frame's range are masked here).
     Matmuls in TF32 exactly when torch's are (``allow_tf32``), as the torch path.
     """
     r, h, f, d = q.shape
@@ -216,7 +229,7 @@ def attention(
     sr, sh, st, _ = k_cache.stride()
     _attention[(triton.cdiv(f, bm), r * h)](
         q, k_cache, v_cache, bias, key_range.contiguous(), out, f, t, sr, sh, st,
-        h, d, bm, 64, precision,
+        h, d, bm, 64, precision, key_range.dim() == 3,
     )  # fmt: skip
     return out
 
@@ -297,6 +310,34 @@ def conv_taps(
     bc = min(triton.next_power_of_2(c), 256)
     _conv_taps[(r * f,)](x, cache, last_idx, taps, new, f, cache.stride(0), cache.stride(1), c, bc)
     return taps, new
+
+
+@triton.jit
+def _conv_taps_packed(X, FIRST, TAPS, frames, C: tl.constexpr, BC: tl.constexpr):
+    """Row (r, f) of the taps [R, F, 3C]: frames f - 2, f - 1, f of x, zero before the frame's
+    segment starts (a fresh stream's conv cache)."""
+    n = tl.program_id(0).to(tl.int64)
+    r, f = n // frames, n % frames
+    first = tl.load(FIRST + n)
+    cs = tl.arange(0, BC)[:, None]
+    js = tl.arange(0, 4)[None, :]
+    t = f + js - 2  # frame of x each tap reads
+    for c0 in range(0, C, BC):
+        c = c0 + cs
+        m = (c < C) & (js < 3)
+        v = tl.load(X + (r * frames + t) * C + c, mask=m & (t >= first), other=0.0)
+        tl.store(TAPS + n * (3 * C) + c * 3 + js, v, mask=m)
+
+
+def conv_taps_packed(x: torch.Tensor, seg_first: torch.Tensor) -> torch.Tensor:
+    """x [R, F, C], seg_first [R, F] (the first frame of each frame's segment) -> taps
+    [R, F, 3C] of a kernel-3 causal conv that starts from zeros at every segment."""
+    r, f, c = x.shape
+    x = x.contiguous()
+    taps = torch.empty(r, f, 3 * c, device=x.device, dtype=x.dtype)
+    bc = min(triton.next_power_of_2(c), 256)
+    _conv_taps_packed[(r * f,)](x, seg_first.contiguous(), taps, f, c, bc)
+    return taps
 
 
 @triton.jit
