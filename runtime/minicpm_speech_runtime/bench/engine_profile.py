@@ -198,6 +198,7 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
         if e.device_type.name == "CUDA" and e.device_time_total and not _annotation(e)
     )
     idle = device_idle_by_phase(prof.events(), steps)
+    busy = device_kernels_by_phase(prof.events(), steps)
     prof_cpu = cProfile.Profile()
     prof_cpu.enable()
     t1 = time.perf_counter()
@@ -217,6 +218,7 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
         "wall_ms_per_step": wall_plain / steps * 1e3,
         "wall_ms_per_step_under_profiler": wall / steps * 1e3,
         "device_kernel_ms_per_step": kernel_us / 1e3 / steps,
+        "device_kernel_ms_per_step_by_phase": busy,
         "device_idle_ms_per_step_by_host_phase": idle,
         "wall_ms_per_step_under_cprofile": wall_cprofile / steps * 1e3,
         "host_top_tottime": host,
@@ -246,6 +248,26 @@ def device_idle_by_phase(events: Any, steps: int) -> dict[str, float]:
             idle[name] = idle.get(name, 0.0) + (start - busy_until) / 1e3 / steps
         busy_until = max(busy_until, end)
     return dict(sorted(idle.items(), key=lambda kv: -kv[1]))
+
+
+def device_kernels_by_phase(events: Any, steps: int) -> dict[str, float]:
+    """Kernel time per step by the engine phase that launched it: the innermost phase range
+    on the device's timeline (the profiler's mirror of each ``record_function``) around the
+    kernel's start; ``outside`` when none is."""
+    ranges = [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type.name == "CUDA" and _annotation(e)
+    ]
+    busy: dict[str, float] = {}
+    for e in events:
+        if e.device_type.name != "CUDA" or _annotation(e):
+            continue
+        start = e.time_range.start
+        around = [r for r in ranges if r[0] <= start < r[1]]
+        name = min(around, key=lambda r: r[1] - r[0])[2] if around else "outside"
+        busy[name] = busy.get(name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
+    return dict(sorted(busy.items(), key=lambda kv: -kv[1]))
 
 
 def _annotation(event: Any) -> bool:
