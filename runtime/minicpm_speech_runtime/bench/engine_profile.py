@@ -13,6 +13,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import time
@@ -72,8 +73,11 @@ def main() -> None:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--max-streams", type=int, default=64)
     p.add_argument("--fused", choices=["on", "off"], default="on", help="Triton kernels")
-    p.add_argument("--steady", type=int, default=64, help="closed-loop streams for the timeline")
+    p.add_argument(
+        "--steady", type=int, default=64, help="closed-loop streams for the timeline (0: off)"
+    )
     p.add_argument("--parts", choices=["on", "off"], default="on", help="time each part alone")
+    p.add_argument("--burst", type=int, default=0, help="cold voices set up in one step (0: off)")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = REAL if a.generate == "real" else TINY
@@ -85,7 +89,10 @@ def main() -> None:
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    res["steady"] = steady_timeline(models, a.steady, a.fused == "on")
+    if a.burst:
+        res["burst"] = burst_timeline(models, a.burst, a.fused == "on")
+    if a.steady:
+        res["steady"] = steady_timeline(models, a.steady, a.fused == "on")
     a.json.write_text(json.dumps(res, indent=1, default=str))
     for k, v in res.items():
         if isinstance(v, list):
@@ -223,6 +230,43 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
         "wall_ms_per_step_under_cprofile": wall_cprofile / steps * 1e3,
         "host_top_tottime": host,
     }
+
+
+def burst_timeline(models: Any, n: int, fused: bool) -> dict[str, Any]:
+    """The benchmark's burst (``n`` cold voices set up in one step), third run profiled: its
+    kernel time and the device's idle time by phase, and the groups' prompt frames."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .engine_bench import bench_voices, cold
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    voices = bench_voices(models, 16)
+    cfg = EngineConfig(max_streams=n, micro_batch=min(8, n), setup_cache_mib=0, fused_kernels=fused)
+    eng = Code2WavEngine(models, cfg)
+    eng.warmup()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    res: dict[str, Any] = {"voices": n, "runs_ms": []}
+    for rep in range(3):
+        for i in range(n):
+            eng.add_stream((rep, i), cold(voices[i % len(voices)], 1000 * rep + i))
+        if rep == 2:
+            plan = eng.scheduler.plan(0.0, n, eng.runner.setup_cache)
+            res["group_frames"] = [sum(s.prompt_frames for s in g) for g in plan.setup_groups]
+        _sync()
+        with profile(activities=acts) if rep == 2 else contextlib.nullcontext() as prof:
+            t0 = time.perf_counter()
+            eng.step()
+            _sync()
+            res["runs_ms"].append((time.perf_counter() - t0) * 1e3)
+        for i in range(n):
+            eng.cancel((rep, i))
+        eng.step()
+    assert prof is not None
+    events = prof.events()
+    res["profiled_ms"] = res["runs_ms"][-1]
+    res["device_kernel_ms_by_phase"] = device_kernels_by_phase(events, 1)
+    res["device_idle_ms_by_host_phase"] = device_idle_by_phase(events, 1)
+    return res
 
 
 def device_idle_by_phase(events: Any, steps: int) -> dict[str, float]:
