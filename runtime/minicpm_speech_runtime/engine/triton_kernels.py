@@ -229,7 +229,8 @@ def attention(
     bn, stages, per_query = 64, 3, key_range.dim() == 3
     if per_query and f > 64:
         # packed prompts of a few hundred frames each: 128 x 32 tiles took 0.145 ms a call
-        # where 64 x 64 took 0.191 (H200, 8 prompts of ~460 frames; attn-tune in bench-results)
+        # where 64 x 64 took 0.191 (H200, 8 prompts of ~460 frames; runtime/bench-results/
+        # attention-tiles-h200-af15d4b.json, from ``bench.attention_tiles``)
         bm, bn = 128, 32
     sr, sh, st, _ = k_cache.stride()
     _attention[(triton.cdiv(f, bm), r * h)](
