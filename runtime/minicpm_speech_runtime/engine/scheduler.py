@@ -7,8 +7,9 @@ same solve as continuing streams.
 Setting up: a new stream whose voice is in the setup cache takes a copy (a hit); of the rest,
 the first stream of each voice is set up cold, in groups of at most ``micro_batch``, and later
 streams of the same voice copy their leader's result (followers). Every group of a step is
-solved within that step, so groups are formed by prompt length (arrival order among equals):
-a group is padded to its longest prompt, and similar lengths waste the least.
+solved within that step; groups are formed in prompt-length order (arrival order among
+equals), so a step's plan depends only on what is waiting. A group's prompts are packed end to
+end in its solve, so they do not pad one another.
 """
 
 from __future__ import annotations
