@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -138,12 +139,31 @@ def hift_diffs(fused: Kernels) -> dict[str, float]:
     }
 
 
+def fused_vs_torch(
+    name: str, make: Callable[[Kernels], tuple[BatchedEstimator, SolveInputs]]
+) -> dict[str, float]:
+    """One solve with the Triton kernels and one with the torch ops: how far apart the
+    velocities and every cache the solve writes are."""
+    runs = []
+    for fused in (True, False):
+        est, s = make(Kernels(fused))
+        with torch.inference_mode():
+            runs.append((est.solve(s), est))
+    (a, ea), (b, eb) = runs
+    return {
+        name: diff(a, b),
+        f"{name}_k_cache": diff(ea.k, eb.k),
+        f"{name}_v_cache": diff(ea.v, eb.v),
+        f"{name}_conv_cache": diff(ea.conv, eb.conv),
+    }
+
+
 def solve_diffs(checkpoint: str) -> dict[str, float]:
     models = load_code2wav(checkpoint, "cpu")
     frames, t = 9, 24
-    runs = []
-    for fused in (True, False):
-        est = BatchedEstimator(models.flow.decoder, 2, t, 10, Kernels(fused))
+
+    def make(kernels: Kernels) -> tuple[BatchedEstimator, SolveInputs]:
+        est = BatchedEstimator(models.flow.decoder, 2, t, 10, kernels)
         g = torch.Generator().manual_seed(1)
         n, r = 2, 4
         lens = [frames, frames - 3]  # ragged: the second stream's last 3 frames are padding
@@ -168,16 +188,9 @@ def solve_diffs(checkpoint: str) -> dict[str, float]:
             torch.tensor([lens[0]] * 2 + [lens[1]] * 2),
             torch.ones(r, dtype=torch.bool),
         )
-        with torch.inference_mode():
-            out = est.solve(s)
-        runs.append((out, est))
-    (a, ea), (b, eb) = runs
-    return {
-        "solve": diff(a, b),
-        "solve_k_cache": diff(ea.k, eb.k),
-        "solve_v_cache": diff(ea.v, eb.v),
-        "solve_conv_cache": diff(ea.conv, eb.conv),
-    }
+        return est, s
+
+    return fused_vs_torch("solve", make)
 
 
 def packed_solve_diffs(checkpoint: str) -> dict[str, float]:
@@ -187,9 +200,9 @@ def packed_solve_diffs(checkpoint: str) -> dict[str, float]:
     models = load_code2wav(checkpoint, "cpu")
     layout, t = PackLayout((6, 4), 12), 16
     ix = packed_indices(layout, 4)
-    runs = []
-    for fused in (True, False):
-        est = BatchedEstimator(models.flow.decoder, 1, t, 10, Kernels(fused), conv_slots=2)
+
+    def make(kernels: Kernels) -> tuple[BatchedEstimator, SolveInputs]:
+        est = BatchedEstimator(models.flow.decoder, 1, t, 10, kernels, conv_slots=2)
         g = torch.Generator().manual_seed(2)
         s = SolveInputs(
             0,
@@ -205,15 +218,9 @@ def packed_solve_diffs(checkpoint: str) -> dict[str, float]:
             torch.empty(0),
             PackedRows(ix["seg_first"], ix["cache_src"]),
         )
-        with torch.inference_mode():
-            out = est.solve(s)
-        runs.append((out, est))
-    (a, ea), (b, eb) = runs
-    return {
-        "packed_solve": diff(a, b),
-        "packed_k_cache": diff(ea.k, eb.k),
-        "packed_conv_cache": diff(ea.conv, eb.conv),
-    }
+        return est, s
+
+    return fused_vs_torch("packed_solve", make)
 
 
 def main() -> None:

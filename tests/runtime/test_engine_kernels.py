@@ -35,7 +35,12 @@ def test_triton_kernels_match_torch_ops(tiny_checkpoint: Path, child_env: dict[s
     assert run.returncode == 0, run.stderr[-3000:]
     diffs = json.loads(run.stdout.strip().splitlines()[-1])
     kernels = {"residual_norm_80", "qkv_into_cache", "attention", "norm_mish_64", "conv_taps_300"}
-    kernels |= {"attention_packed", "conv_taps_packed_300", "packed_solve", "packed_conv_cache"}
+    kernels |= {
+        "attention_packed",
+        "conv_taps_packed_300",
+        "packed_solve",
+        "packed_solve_conv_cache",
+    }
     assert kernels | {"snake", "hift_speech", "solve", "solve_conv_cache"} <= set(diffs)
     # the engine's own start-up check chose these kernels (-1: it refused them)
     assert 0 <= diffs.pop("self_check") <= SELF_CHECK_TOLERANCE["fp32"]

@@ -60,6 +60,33 @@ class SolveInputs:
     packed: PackedRows | None = None
 
 
+_INPUT_TENSORS = (
+    "x",
+    "mu",
+    "spk",
+    "cond",
+    "write_pos",
+    "key_mask",
+    "key_range",
+    "last_idx",
+    "active",
+)
+
+
+def load_inputs(views: SolveInputs, s: SolveInputs) -> None:
+    """Copy a solve's inputs into a graph's static buffers (``views`` of them, at its shape);
+    inputs that are the buffers themselves, or empty, are left as they are."""
+    pairs = [(getattr(views, name), getattr(s, name)) for name in _INPUT_TENSORS]
+    if views.packed is not None and s.packed is not None:
+        pairs += [
+            (views.packed.seg_first, s.packed.seg_first),
+            (views.packed.cache_src, s.packed.cache_src),
+        ]
+    for dst, src in pairs:
+        if dst is not src and src.numel():
+            dst.copy_(src, non_blocking=True)
+
+
 @dataclass(slots=True)
 class BlockWeights:
     """One DiT block's weights laid out for few, large kernels.
@@ -345,19 +372,7 @@ class GraphedSolve:
         )
 
     def _load(self, key: GraphKey, s: SolveInputs) -> None:
-        v = self._views(key)
-        for dst, src in (
-            (v.x, s.x),
-            (v.mu, s.mu),
-            (v.spk, s.spk),
-            (v.cond, s.cond),
-            (v.write_pos, s.write_pos),
-            (v.key_mask, s.key_mask),
-            (v.key_range, s.key_range),
-            (v.last_idx, s.last_idx),
-            (v.active, s.active),
-        ):
-            dst.copy_(src, non_blocking=True)
+        load_inputs(self._views(key), s)
 
     def _body(self, key: GraphKey) -> torch.Tensor:
         out = self.out[: key.batch, :, : key.frames]

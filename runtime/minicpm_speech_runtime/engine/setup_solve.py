@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .estimator import BatchedEstimator, PackedRows, SolveInputs
+from .estimator import BatchedEstimator, PackedRows, SolveInputs, load_inputs
 from .graphs import GraphDispatcher, GraphKey
 from .transfer import to_device
 
@@ -138,19 +138,7 @@ class PackedSetupSolve:
         if replay is None:
             self.est.solve(s)
             return
-        v = self._views(layout.frames)
-        assert s.packed is not None and v.packed is not None
-        for dst, src in (
-            (v.x, s.x),
-            (v.mu, s.mu),
-            (v.spk, s.spk),
-            (v.cond, s.cond),
-            (v.write_pos, s.write_pos),
-            (v.key_range, s.key_range),
-            (v.packed.seg_first, s.packed.seg_first),
-            (v.packed.cache_src, s.packed.cache_src),
-        ):
-            dst.copy_(src, non_blocking=True)
+        load_inputs(self._views(layout.frames), s)
         replay()
 
     def _inputs(
