@@ -118,3 +118,26 @@ def test_cancel_mid_solve(setup) -> None:  # type: ignore[no-untyped-def]
         assert max_diff(base[sid], got[sid]) <= TOL
     assert eng.counters.ended["cancelled"] == 1
     _baseline(eng)
+
+
+def test_voices_the_engine_cannot_set_up_are_refused_before_any_step(setup) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    small, voices = setup
+    eng = engine(small, max_prompt_frames=120)
+    good = voices[0]  # 2.0 s: 100 frames
+    frames = int(good.prompt_mels.shape[1])
+    shorter = dataclasses.replace(good, key="cut", prompt_mels=good.prompt_mels[:, : frames - 2])
+    with pytest.raises(ValueError, match=r"prompt_mels: 98 frames for 50 prompt tokens"):
+        eng.add_stream("cut", shorter)
+    with pytest.raises(ValueError, match=r"prompt_mels: 150 frames > max_prompt_frames \(120\)"):
+        eng.add_stream("long", voices[1])
+    _baseline(eng)
+    eng.add_stream("ok", good)  # the engine serves on
+    eng.push_tokens("ok", utterance(30, 1), last=True)
+    out: dict[Any, list[np.ndarray]] = {}
+    reasons: dict[Any, str] = {}
+    for _ in drain(eng, out, reasons):
+        pass
+    assert reasons == {"ok": "done"}
+    _baseline(eng)

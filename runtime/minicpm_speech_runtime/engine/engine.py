@@ -60,13 +60,24 @@ class Code2WavEngine:
             torch.backends.cuda.matmul.allow_tf32 = self.config.tf32
             torch.backends.cudnn.allow_tf32 = self.config.tf32
         self.runner = Runner(models, self.config, graph_backend)
+        self.up_rate = models.up_rate
 
     # public API
     def add_stream(self, stream_id: Any, voice: Any) -> None:
-        """Start a stream with a prepared voice (:class:`~..device.PreparedVoice`)."""
+        """Start a stream with a prepared voice (:class:`~..device.PreparedVoice`); a voice the
+        engine cannot set up is refused here (ValueError), before it joins any step."""
         frames = int(voice.prompt_mels.shape[1])
+        tokens = int(voice.prompt_tokens.shape[1])
         if frames > self.config.max_prompt_frames:
-            raise ValueError(f"prompt of {frames} frames > max_prompt_frames")
+            raise ValueError(
+                f"voice prompt_mels: {frames} frames > max_prompt_frames "
+                f"({self.config.max_prompt_frames}); use a shorter reference or raise it"
+            )
+        if frames < 2 or frames != self.up_rate * tokens:
+            raise ValueError(
+                f"voice prompt_mels: {frames} frames for {tokens} prompt tokens; a prepared "
+                f"voice has {self.up_rate} frames per token and at least one token"
+            )
         with self._lock:
             s = StreamState(stream_id, voice, voice.key, frames, self._order, self.clock())
             self.scheduler.add(s)
