@@ -181,10 +181,15 @@ class BatchedEstimator:
 
     def noise(self, offsets: list[int], frames: int) -> torch.Tensor:
         """[n, 80, F] slices of the CFM's fixed noise, each starting at its cache length."""
+        dev = self.cfm.rand_noise.device
+        start = to_device(torch.tensor(offsets), dev)
+        return self.noise_at(start[:, None] + torch.arange(frames, device=dev)).permute(1, 0, 2)
+
+    def noise_at(self, frames: torch.Tensor) -> torch.Tensor:
+        """The CFM's fixed noise at these frame indices (a device tensor): [80, *frames.shape];
+        past its end, its last frame."""
         noise = self.cfm.rand_noise[0]  # [80, N]
-        start = to_device(torch.tensor(offsets), noise.device)
-        idx = start[:, None] + torch.arange(frames, device=noise.device)
-        return noise[:, idx.clamp_(max=noise.shape[1] - 1)].permute(1, 0, 2)
+        return noise[:, frames.clamp(max=noise.shape[1] - 1)]
 
     def _schedule(
         self, device: torch.device, dtype: torch.dtype

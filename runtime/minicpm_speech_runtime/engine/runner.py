@@ -254,9 +254,8 @@ class Runner:
                 offsets.append(fm.length)
                 spk = self.streams[s.stream_id].spk
                 rows.append((s.slot, spk, fm.append_chunk(mu.shape[1]), fm.logical))
-        conds = [torch.zeros_like(m) for m in mus]
         with self.phase("decode_solve"):
-            mels = self._solve(self.decode_solve, rows, mus, conds, offsets)
+            mels = self._solve(self.decode_solve, rows, mus, offsets)
         for s, _ in batch:
             self.streams[s.stream_id].frames.truncate()
         caches = [self.streams[s.stream_id].vocoder for s, _ in batch]
@@ -271,10 +270,10 @@ class Runner:
         solver: GraphedSolve,
         rows: list[Row],
         mus: list[torch.Tensor],
-        conds: list[torch.Tensor],
         offsets: list[int],
     ) -> list[torch.Tensor]:
-        """One batched solve; returns mel [80, n] per row. A graph's shape when one fits."""
+        """One batched decode solve; returns mel [80, n] per row. A graph's shape when one
+        fits. A decode chunk has no prompt mel: ``cond`` stays zero."""
         lens = [m.shape[1] for m in mus]
         lo, hi = min(r[0] for r in rows), max(r[0] for r in rows) + 1
         frames = max(lens)
@@ -291,7 +290,7 @@ class Runner:
         for i, (slot, row_spk, _, _) in enumerate(rows):
             j, f = slot - lo, lens[i]
             x[j, :, :f] = noise[i, :, :f]
-            mu[j, :, :f], cond[j, :, :f] = mus[i], conds[i]
+            mu[j, :, :f] = mus[i]
             spk[j] = row_spk
         inputs.x, inputs.mu, inputs.cond, inputs.spk = x, mu, cond, spk
         with self.phase("estimator"):

@@ -159,8 +159,7 @@ class PackedSetupSolve:
             at += host[n].numel()
         pad = layout.frames - layout.used
         zeros = self.x.new_zeros(80, pad)
-        noise = self.est.cfm.rand_noise[0]  # [80, N]: every prompt's noise starts at 0
-        x = noise[:, dev["noise"].clamp(max=noise.shape[1] - 1)]
+        x = self.est.noise_at(dev["noise"])  # every prompt's noise starts at its frame 0
         spk = torch.stack([*spks, self.x.new_zeros(80)], dim=1)[:, dev["segment"]]
         empty = self.x.new_empty(0)
         return SolveInputs(
