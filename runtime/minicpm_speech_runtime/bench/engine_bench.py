@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import gc
@@ -204,8 +205,15 @@ def cold(voice: Any, sid: int) -> Any:
     return dataclasses.replace(voice, key=f"{voice.key}#{sid}")
 
 
-def setup_burst(models: Code2WavModels, voices: list[Any], n: int, fused: bool) -> dict[str, Any]:
-    """``n`` cold voices arriving together: the step that sets them all up, timed."""
+def setup_burst(
+    models: Code2WavModels,
+    voices: list[Any],
+    n: int,
+    fused: bool,
+    around_last: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> dict[str, Any]:
+    """``n`` cold voices arriving together: the step that sets them all up, timed (three
+    runs; ``around_last`` wraps the last one, e.g. in a profiler)."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     cfg = EngineConfig(max_streams=n, micro_batch=min(8, n), setup_cache_mib=0, fused_kernels=fused)
     eng = Code2WavEngine(models, cfg)
@@ -214,11 +222,14 @@ def setup_burst(models: Code2WavModels, voices: list[Any], n: int, fused: bool) 
     for rep in range(3):
         for i in range(n):
             eng.add_stream((rep, i), cold(voices[i % len(voices)], 1000 * rep + i))
+        plan = eng.scheduler.plan(eng.clock(), n, eng.runner.setup_cache)
+        res["group_frames"] = [sum(s.prompt_frames for s in g) for g in plan.setup_groups]
         _sync()
-        t0 = time.perf_counter()
-        eng.step()  # no tokens yet: the step is the setups alone
-        _sync()
-        res["runs_ms"].append((time.perf_counter() - t0) * 1e3)
+        with around_last() if rep == 2 else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            eng.step()  # no tokens yet: the step is the setups alone
+            _sync()
+            res["runs_ms"].append((time.perf_counter() - t0) * 1e3)
         for i in range(n):
             eng.cancel((rep, i))
         eng.step()

@@ -13,7 +13,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import time
@@ -244,35 +243,15 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
 
 
 def burst_timeline(models: Any, n: int, fused: bool) -> dict[str, Any]:
-    """The benchmark's burst (``n`` cold voices set up in one step), third run profiled: its
-    kernel time and the device's idle time by phase, and the groups' prompt frames."""
+    """The benchmark's burst (``n`` cold voices set up in one step) with its last run
+    profiled: that step's kernel time and the device's idle time by phase."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .engine_bench import bench_voices, cold
+    from .engine_bench import bench_voices, setup_burst
 
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    voices = bench_voices(models, 16)
-    cfg = EngineConfig(max_streams=n, micro_batch=min(8, n), setup_cache_mib=0, fused_kernels=fused)
-    eng = Code2WavEngine(models, cfg)
-    eng.warmup()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    res: dict[str, Any] = {"voices": n, "runs_ms": []}
-    for rep in range(3):
-        for i in range(n):
-            eng.add_stream((rep, i), cold(voices[i % len(voices)], 1000 * rep + i))
-        if rep == 2:
-            plan = eng.scheduler.plan(0.0, n, eng.runner.setup_cache)
-            res["group_frames"] = [sum(s.prompt_frames for s in g) for g in plan.setup_groups]
-        _sync()
-        with profile(activities=acts) if rep == 2 else contextlib.nullcontext() as prof:
-            t0 = time.perf_counter()
-            eng.step()
-            _sync()
-            res["runs_ms"].append((time.perf_counter() - t0) * 1e3)
-        for i in range(n):
-            eng.cancel((rep, i))
-        eng.step()
-    assert prof is not None
+    prof = profile(activities=acts)
+    res = setup_burst(models, bench_voices(models, 16), n, fused, around_last=lambda: prof)
     events = prof.events()
     res["profiled_ms"] = res["runs_ms"][-1]
     res["device_kernel_ms_by_phase"] = device_kernels_by_phase(events, 1)
