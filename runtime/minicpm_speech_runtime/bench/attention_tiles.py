@@ -61,27 +61,18 @@ def decode_case(
     }
 
 
-def launcher(case: dict[str, Any], bm: int, bn: int, warps: int, stages: int) -> Callable[[], Any]:
-    import triton
-
+def launcher(case: dict[str, Any], tiles: tuple[int, int, int, int]) -> Callable[[], Any]:
     from ..engine import triton_kernels as tk
 
-    q, k, v, rng = case["q"], case["k"], case["v"], case["range"]
-    r, h, f, d = q.shape
-    t = k.shape[2]
-    out = torch.empty(r, f, h * d, device=q.device)
-    bias = case["bias"].reshape(r, t).contiguous()
-    precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    sr, sh, st, _ = k.stride()
+    args = (case["q"], case["k"], case["v"], case["bias"], case["range"])
+    return lambda: tk.attention(*args, tiles=tiles)
 
-    def run() -> torch.Tensor:
-        tk._attention[(triton.cdiv(f, bm), r * h)](
-            q, k, v, bias, rng, out, f, t, sr, sh, st, h, d, bm, bn, precision,
-            rng.dim() == 3, num_warps=warps, num_stages=stages,
-        )  # fmt: skip
-        return out
 
-    return run
+def current_tiles(case: dict[str, Any]) -> tuple[int, int, int, int]:
+    """The tiles the engine chooses for this shape."""
+    from ..engine import triton_kernels as tk
+
+    return tk.attention_tiles(case["q"].shape[2], case["range"].dim() == 3)
 
 
 def timed_ms(fn: Callable[[], Any], reps: int) -> float:
@@ -97,14 +88,15 @@ def timed_ms(fn: Callable[[], Any], reps: int) -> float:
 
 
 def sweep(
-    case: dict[str, Any], current: tuple[int, ...], grid: dict[str, tuple[int, ...]], reps: int
+    case: dict[str, Any], grid: dict[str, tuple[int, ...]], reps: int
 ) -> list[dict[str, Any]]:
-    want = launcher(case, *current)().clone()
+    current = current_tiles(case)
+    want = launcher(case, current)().clone()
     rows = []
     for cfg in itertools.product(*grid.values()):
         row: dict[str, Any] = dict(zip(grid, cfg, strict=True))
         try:
-            run = launcher(case, *cfg)
+            run = launcher(case, cfg)
             row["ms"] = timed_ms(run, reps)
             row["max_diff"] = float((run() - want).abs().max())
         except Exception as exc:  # a tile too large for shared memory fails to compile
@@ -123,18 +115,17 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(0)
-    if a.small:
-        grid = {"bm": (16, 32), "bn": (16,), "warps": (4,), "stages": (2,)}
-        cases = {"setup": (setup_case(dev, (6, 10), 16), (32, 16, 4, 2)),
-                 "decode": (decode_case(dev, 1, 20, 8, 24), (16, 16, 4, 2))}  # fmt: skip
+    if a.small:  # the engine's tiles for these shapes are 16 x 64: the grid holds them
+        grid = {"bm": (16, 32), "bn": (64,), "warps": (4,), "stages": (3,)}
+        cases = {"setup": setup_case(dev, (6, 10), 16), "decode": decode_case(dev, 1, 20, 8, 24)}
     else:
         grid = GRID
-        cases = {"setup": (setup_case(dev), (128, 32, 4, 3)),
-                 "decode": (decode_case(dev), (64, 64, 4, 3))}  # fmt: skip
+        cases = {"setup": setup_case(dev), "decode": decode_case(dev)}
     doc: dict[str, Any] = {"device": str(dev), "grid": grid, "shapes": {}}
     print(f"{'shape':8} {'bm':>4} {'bn':>4} {'warps':>5} {'stages':>6} {'ms':>8} {'max diff':>9}")
-    for name, (case, current) in cases.items():
-        rows = sweep(case, current, grid, a.reps)
+    for name, case in cases.items():
+        rows = sweep(case, grid, a.reps)
+        current = current_tiles(case)
         doc["shapes"][name] = {"current": current, "q": list(case["q"].shape), "rows": rows}
         for r in rows[:5] + [r for r in rows[5:] if r["current"]]:
             mark = " (current)" if r["current"] else ""

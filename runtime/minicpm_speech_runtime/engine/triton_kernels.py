@@ -206,18 +206,33 @@ def _attention(
     tl.store(out, acc / l_i[:, None], mask=fm[:, None])
 
 
+Tiles = tuple[int, int, int, int]  # frames per block, keys per block, warps, pipeline stages
+
+
+def attention_tiles(frames: int, per_query: bool) -> Tiles:
+    """The attention kernel's tiles for ``frames`` queries per row."""
+    if per_query and frames > 64:
+        # packed prompts of a few hundred frames each: 128 x 32 tiles took 0.145 ms a call
+        # where 64 x 64 took 0.191 (H200, 8 prompts of ~460 frames; runtime/bench-results/
+        # attention-tiles-h200-af15d4b.json, from ``bench.attention_tiles``)
+        return 128, 32, 4, 3
+    return (64 if frames > 32 else (32 if frames > 16 else 16)), 64, 4, 3
+
+
 def attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     key_bias: torch.Tensor,
     key_range: torch.Tensor,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T + bias) v over each row's keys ``[lo, hi)`` -> [R, F, H * D].
 
     ``key_range`` [R, 2]: keys outside it must be masked in ``key_bias`` (they are skipped);
     or [R, F, 2], a range per frame (keys outside a frame's range are masked here).
     Matmuls in TF32 exactly when torch's are (``allow_tf32``), as the torch path.
+    ``tiles`` overrides :func:`attention_tiles` (to compare them).
     """
     r, h, f, d = q.shape
     t = k_cache.shape[2]
@@ -225,17 +240,12 @@ def attention(
     out = torch.empty(r, f, h * d, device=q.device, dtype=q.dtype)
     bias = key_bias.reshape(r, t).contiguous()
     precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    bm = 64 if f > 32 else (32 if f > 16 else 16)
-    bn, stages, per_query = 64, 3, key_range.dim() == 3
-    if per_query and f > 64:
-        # packed prompts of a few hundred frames each: 128 x 32 tiles took 0.145 ms a call
-        # where 64 x 64 took 0.191 (H200, 8 prompts of ~460 frames; runtime/bench-results/
-        # attention-tiles-h200-af15d4b.json, from ``bench.attention_tiles``)
-        bm, bn = 128, 32
+    per_query = key_range.dim() == 3
+    bm, bn, warps, stages = tiles or attention_tiles(f, per_query)
     sr, sh, st, _ = k_cache.stride()
     _attention[(triton.cdiv(f, bm), r * h)](
         q, k_cache, v_cache, bias, key_range.contiguous(), out, f, t, sr, sh, st,
-        h, d, bm, bn, precision, per_query, num_stages=stages,
+        h, d, bm, bn, precision, per_query, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 
