@@ -2,6 +2,8 @@
 #   make demo   the operator reconciling examples/minicpmspeech.yaml on an embedded API emulator
 #   make test   lint, type checks, the whole test suite, then the vLLM-Omni lane
 #   make test-vllm-omni   the serving plugin inside the real vLLM-Omni (its own venv, CPU)
+#   make test-matrix      the runtime and serving suites at 1, 2 and 4 threads, under ATen's
+#                         native, default and AVX2 kernels (slow: about 40 minutes on 2 cores)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -17,7 +19,7 @@ VO_REQUIREMENTS := 'torch===2.13.0' 'vllm==0.30.0' 'vllm-omni==0.30.0' \
 	'soundfile==0.14.0' 'librosa==0.11.0' 'HyperPyYAML==1.2.3' 'speakerlab-slim==0.1.0' \
 	'pytest>=8.3' 'pytest-asyncio>=0.24' 'pytest-timeout>=2.3'
 
-.PHONY: demo test test-vllm-omni
+.PHONY: demo test test-vllm-omni test-matrix
 demo: $(VENV)/.installed-demo
 	$(BIN)/minicpm-speech demo
 
@@ -26,6 +28,9 @@ test: $(VENV)/.installed-test
 	$(BIN)/mypy operator/minicpm_speech_operator perf-jobs/minicpm_speech_perf
 	$(BIN)/pytest
 	$(MAKE) test-vllm-omni
+
+test-matrix: $(VENV)/.installed-test
+	PYTEST=$(BIN)/pytest tests/thread-matrix
 
 test-vllm-omni: $(VO_VENV)/.installed-vllm-omni
 	$(VO_BIN)/pytest tests/vllm_omni_lane

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from minicpm_speech_runtime.bench.parity import (
     TOL,
     drain,
@@ -127,20 +128,42 @@ def test_setup_cache_hits_and_eviction_keep_pcm(setup, nsf) -> None:  # type: ig
 
 
 def test_setup_cache_off_solves_every_stream(setup, nsf) -> None:  # type: ignore[no-untyped-def]
+    """With the cache off, two streams of one voice set up in one step still share one solve:
+    the second starts from an exact copy of the first's caches, and both match the reference.
+
+    The copy is compared right after the setup step, where it is bit-exact by construction.
+    Their PCM is not compared with each other exactly: the two streams decode as two rows of
+    one batched solve, and how a CPU kernel splits that batch across threads and SIMD lanes
+    moves a row's last bits (1e-7 at 2 threads, 0 at 1)."""
     small, voices = setup
     eng = engine(small, setup_cache_mib=0)
     toks = utterance(30, 5)
+    want = reference_chunks(ReferenceDriver(small), "x", voices[2], toks)
     for sid in ("x", "y"):
         eng.add_stream(sid, voices[2])
-        eng.push_tokens(sid, toks, last=True)
+        eng.push_tokens(sid, toks[:10])  # no chunk ready: the step only sets up
+    eng.step()
+    x, y = (eng.scheduler.streams[sid] for sid in ("x", "y"))
+    est, enc, p = eng.runner.estimator, eng.runner.encoder, x.prompt_frames
+    rx, ry = (slice(2 * s.slot, 2 * s.slot + 2) for s in (x, y))  # two CFG rows per slot
+    assert rx != ry and y.prompt_frames == p
+    for kv in (est.k, est.v):  # [steps, depth, rows, heads, frames, head_dim]
+        assert torch.equal(kv[:, :, rx, :, :p], kv[:, :, ry, :, :p])
+    assert torch.equal(est.conv[:, :, rx], est.conv[:, :, ry])
+    ex, ey = (enc.export_state(eng.runner.streams[s].encoder, copy=False) for s in ("x", "y"))
+    assert torch.equal(ex.att, ey.att) and torch.equal(ex.cnn, ey.cnn) and ex.length == ey.length
+    for sid in ("x", "y"):
+        eng.push_tokens(sid, toks[10:], last=True)
     got: dict[Any, list[np.ndarray]] = {}
-    for _ in drain(eng, got, {}):
+    reasons: dict[Any, str] = {}
+    for _ in drain(eng, got, reasons):
         pass
     assert len(eng.runner.setup_cache) == 0
     c = eng.counters
-    # the two streams of one voice in one step still share one solve
     assert (c.setups, c.setup_shared, c.setup_hits) == (1, 1, 0)
-    assert max_diff([g for g in got["x"]], got["y"]) == 0.0
+    for sid in ("x", "y"):
+        assert reasons[sid] == "done"
+        assert max_diff(want, got[sid]) <= TOL, sid
 
 
 def test_cold_setup_caches_equal_reference_setup_cache(setup) -> None:  # type: ignore[no-untyped-def]
