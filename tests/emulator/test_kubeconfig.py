@@ -18,8 +18,9 @@ async def test_each_emulator_is_found_through_kubeconfig_at_call_time(
     crd_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     servers = []
-    for _ in range(2):
-        async with running_emulator(crd_path, ["ns1"]) as running:
+    # both alive at once, so the two cannot share a port
+    async with running_emulator(crd_path, ["ns1"]) as a, running_emulator(crd_path, ["ns1"]) as b:
+        for running in (a, b):
             monkeypatch.setenv("KUBECONFIG", str(running.kubeconfig_path))
             servers.append(connection_from_environment().server)
             assert servers[-1] == running.url

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 RUN = """
 import sys
 sys.path.insert(0, {here!r})
@@ -20,6 +22,7 @@ attention_tiles.main()
 """
 
 
+@pytest.mark.timeout(660)  # above its subprocess's own 600 s
 def test_tile_benchmark_prints_a_table_and_writes_json(
     tmp_path: Path, child_env: dict[str, str]
 ) -> None:

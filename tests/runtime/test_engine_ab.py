@@ -35,6 +35,7 @@ def test_variant_specs_name_the_fix(tmp_path: Path) -> None:
     assert variants[1].overrides == {"micro_batch": 1, "note": "x"}
 
 
+@pytest.mark.timeout(660)  # above its subprocess's own 600 s
 def test_variants_run_from_their_own_trees_with_their_overrides(
     tiny_checkpoint: Path, tmp_path: Path, child_env: dict[str, str]
 ) -> None:

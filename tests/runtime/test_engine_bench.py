@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _bench(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -19,6 +21,7 @@ def _bench(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(960)  # above its subprocess's own 900 s
 def test_bench_writes_table_json_and_plot(
     tiny_checkpoint: Path, tmp_path: Path, child_env: dict[str, str]
 ) -> None:

@@ -24,6 +24,7 @@ from minicpm_speech_runtime.engine.kernels import SELF_CHECK_TOLERANCE, Kernels
 CHECK = Path(__file__).with_name("fused_kernels_check.py")
 
 
+@pytest.mark.timeout(660)  # above its subprocess's own 600 s
 def test_triton_kernels_match_torch_ops(tiny_checkpoint: Path, child_env: dict[str, str]) -> None:
     run = subprocess.run(
         [sys.executable, str(CHECK), str(tiny_checkpoint)],

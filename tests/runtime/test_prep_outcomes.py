@@ -102,7 +102,7 @@ def test_late_job_falls_back_inline(setup) -> None:  # type: ignore[no-untyped-d
     data = wav_bytes(1.0, seed=3)
     gate = host.gate(data)
     prep.submit("r", data)
-    host.entered[data].wait(10)
+    assert host.entered[data].wait(10)
     voice = prep.acquire("r")  # the job is still in its host half
     gate.set()
     prep.wait_idle()
@@ -148,7 +148,7 @@ def test_queue_full_and_unsubmitted_go_inline(setup) -> None:  # type: ignore[no
     for i, b in enumerate(blockers):
         prep.submit(f"busy{i}", b)
     for b in blockers:
-        host.entered[b].wait(10)
+        assert host.entered[b].wait(10)
     queued = [wav_bytes(1.0, seed=20 + i) for i in range(4)]
     assert all(prep.submit(f"q{i}", q) for i, q in enumerate(queued))
     overflow = wav_bytes(1.0, seed=30)

@@ -4,10 +4,11 @@ It answers ``GET /health`` (after ``FAKE_HEALTH_DELAY`` seconds) and
 ``POST /v1/chat/completions`` (after ``FAKE_CHAT_DELAY``; with audio unless
 ``FAKE_NO_AUDIO``), logs one JSON line per event to ``FAKE_SERVER_LOG``, and on SIGTERM exits
 with ``FAKE_TERM_STATUS`` (or ignores it with ``FAKE_IGNORE_TERM``). ``FAKE_CRASH_AFTER``
-makes it exit 3 that many seconds after it started answering. ``FAKE_PLUGIN`` writes the
-stage-2 plugin's control files (``FAKE_PLUGIN=failed`` a failed precapture) after
-``FAKE_PLUGIN_DELAY``; ``FAKE_METRICS`` records runtime metrics in multiprocess mode;
-``FAKE_CUDA`` runs a torch matmul on the GPU at start and per request.
+makes it exit 3 that many seconds after it started answering, ``FAKE_CRASH_ON`` as soon as
+that file exists. ``FAKE_PLUGIN`` writes the stage-2 plugin's control files
+(``FAKE_PLUGIN=failed`` a failed precapture) after ``FAKE_PLUGIN_DELAY``; ``FAKE_METRICS``
+records runtime metrics in multiprocess mode; ``FAKE_CUDA`` runs a torch matmul on the GPU at
+start and per request.
 """
 
 from __future__ import annotations
@@ -80,11 +81,12 @@ def write_plugin_files() -> None:
 
     directory = control.control_dir_from_env()
     assert directory is not None
-    control.write_json(directory, control.PLUGIN_FILE, {"pid": os.getpid(), "options": {}})
     state = "failed" if os.environ["FAKE_PLUGIN"] == "failed" else "done"
+    # logged before the files exist, so no request the files let through can be logged first
+    event("plugin", state=state)
+    control.write_json(directory, control.PLUGIN_FILE, {"pid": os.getpid(), "options": {}})
     control.write_json(directory, control.PRECAPTURE_FILE,
                        {"state": state, "reason": "fake failure", "graphs": 3})
-    event("plugin", state=state)
 
 
 def record_metrics() -> None:
@@ -128,10 +130,18 @@ def main() -> None:
         record_metrics()
     if os.environ.get("FAKE_PLUGIN"):
         threading.Thread(target=write_plugin_files, daemon=True).start()
-    crash = os.environ.get("FAKE_CRASH_AFTER")
-    if crash:
+    crash_after, crash_on = os.environ.get("FAKE_CRASH_AFTER"), os.environ.get("FAKE_CRASH_ON")
+    if crash_after or crash_on:
+        began = time.monotonic()
+
+        def due() -> bool:
+            if crash_on and os.path.exists(crash_on):
+                return True
+            return bool(crash_after) and time.monotonic() - began >= float(crash_after or 0)
+
         def later() -> None:
-            time.sleep(float(crash))
+            while not due():
+                time.sleep(0.02)
             event("crash")
             os._exit(3)
 

@@ -83,9 +83,11 @@ def test_server_ignoring_sigterm_is_killed_after_grace(pod: Pod, start: Any) -> 
 
 
 def test_server_crash_stops_mps_and_exits_non_zero(pod: Pod, start: Any) -> None:
-    run = start(pod.args(), FAKE_CRASH_AFTER="2.0")
+    crash = pod.root / "crash-now"  # a crash once ready, however long the warm-up took
+    run = start(pod.args(), FAKE_CRASH_ON=str(crash))
     run.wait_ready()
     daemon = _mps_pid(pod)
+    crash.touch()
     rc = run.wait_exit()
     assert rc == 3, run.output()
     assert "server exited with status 3" in run.output()
@@ -136,7 +138,9 @@ def test_failed_precapture_fails_the_pod(pod: Pod, start: Any) -> None:
 
 def test_missing_plugin_fails_the_pod(pod: Pod, start: Any) -> None:
     deploy = pod.deploy_config({"batched_code2wav": True, "cfm_graph_precapture": False})
-    run = start(pod.args(extra=("--warmup-timeout-seconds", "3"), deploy=deploy))
+    # the timeout leaves the server's start room on a busy machine: the wait for plugin.json,
+    # after /health answers, is the one that must run out
+    run = start(pod.args(extra=("--warmup-timeout-seconds", "8"), deploy=deploy))
     assert run.wait_exit() == 1
     assert "stage 2 wrote no plugin.json" in run.output()
 
