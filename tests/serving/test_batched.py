@@ -1,6 +1,6 @@
 """The serving backend on this project's batched engine (CPU, tiny checkpoint, fp32, TF32 off).
 
-A request's tokens pushed through :class:`RuntimeBackend`'s five methods the way vLLM-Omni's
+A request's tokens pushed through :class:`Code2WavBackend`'s five methods the way vLLM-Omni's
 ``MiniCPMO45Code2Wav`` pushes them (windows of 25 new + 3 lookahead tokens overlapping by 3,
 the last window the remainder) come out as the PCM of the engine driven directly; the engine's
 counters and graph stats reach the metrics; unsupported extras are refused with one line.
@@ -8,6 +8,7 @@ counters and graph stats reach the metrics; unsupported extras are refused with 
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,8 @@ from minicpm_speech_runtime.bench.parity import (
 )
 from minicpm_speech_runtime.engine import Code2WavEngine, EngineConfig
 from minicpm_speech_runtime.engine.graphs import Body, EagerBackend
-from minicpm_speech_runtime.serving.backend import RuntimeBackend, RuntimeOptions
+from minicpm_speech_runtime.serving.backend import Code2WavBackend, RuntimeOptions
 from minicpm_speech_runtime.serving.batched import (
-    EngineBackend,
     UnsupportedOption,
     engine_config,
     voice_from_features,
@@ -77,24 +77,21 @@ def windows(tokens: list[int]) -> list[tuple[list[int], bool]]:
 
 
 def make_backend(small: Any, metrics: RuntimeMetrics, features: dict[str, Any],
-                 graphs: bool = False, **cfg: Any) -> RuntimeBackend:
+                 graphs: bool = False, **cfg: Any) -> Code2WavBackend:
     eng = engine(small, **cfg)
     if graphs:
         eng = Code2WavEngine(small, eng.config, graph_backend=CountingBackend())
-    adapter = EngineBackend(eng, CPU)
-    return RuntimeBackend(
-        engine=adapter,
-        options=RuntimeOptions(batched_code2wav=True, cfm_max_graphs=eng.config.graph_budget),
-        prep=None,
+    return Code2WavBackend(
+        eng,
+        RuntimeOptions(batched_code2wav=True, cfm_max_graphs=eng.config.graph_budget),
+        metrics,
+        CPU,
         make_features=lambda key, voice: voice,
         inline_prepare=lambda cache_id, wav: features[cache_id],
-        metrics=metrics,
-        device=CPU,
-        streams=lambda: adapter.num_streams,
     )
 
 
-def one_voice_backend(setup: Any) -> tuple[RuntimeBackend, Any]:
+def one_voice_backend(setup: Any) -> tuple[Code2WavBackend, Any]:
     """A backend with fresh metrics and the prepared features of voice ``v0``."""
     small, voices = setup
     feats = {"v0": features_of(voices[0], "v0")}
@@ -168,7 +165,6 @@ def test_backend_pcm_equals_engine_driven_directly(setup) -> None:  # type: igno
     assert value("minicpm_speech_code2wav_setup_streams_total", mode="batched") == 2
     assert value("minicpm_speech_code2wav_setup_streams_total", mode="copied") == 2
     assert value("minicpm_speech_code2wav_setup_solves_total", mode="batched") >= 1
-    assert value("minicpm_speech_code2wav_setup_solves_total", mode="scalar") == 0
     assert value("minicpm_speech_code2wav_active_streams") == 0
     first = value("minicpm_speech_code2wav_chunk_duration_seconds_count", chunk="first")
     steady = value("minicpm_speech_code2wav_chunk_duration_seconds_count", chunk="steady")
@@ -210,9 +206,8 @@ def test_dropped_request_is_cancelled(setup) -> None:  # type: ignore[no-untyped
         backend.decode_batch(torch.tensor([utterance(28, 5)]), f0, dropped, last_chunk=False)
         del dropped  # vLLM-Omni forgets an aborted request's state
         backend.decode_batch(torch.tensor([utterance(28, 6)]), f0, kept, last_chunk=False)
-    adapter = backend.engine
-    assert adapter.num_streams == 1
-    assert adapter.engine.counters.ended["cancelled"] == 1
+    assert backend.engine.num_streams == 1
+    assert backend.engine.counters.ended["cancelled"] == 1
 
 
 def test_handles_of_one_voice_fall_in_one_vllm_omni_bucket(setup) -> None:  # type: ignore[no-untyped-def]
@@ -243,6 +238,10 @@ def test_engine_config_maps_the_extras() -> None:
     assert cfg.idle_timeout_s == 600.0
     assert not cfg.cuda_graphs  # CPU
     assert engine_config({"micro_batch_size": 16}, CPU).max_streams == 16
+    # the stage's max_num_seqs is the capacity, and no setup group is larger
+    narrow = engine_config({"micro_batch_size": 8}, CPU, max_streams=2)
+    assert (narrow.max_streams, narrow.micro_batch) == (2, 2)
+    assert engine_config({"micro_batch_size": 8}, CPU, max_streams=32).max_streams == 32
     assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False
     assert engine_config({}, CPU).vocoder_graphs is True
     assert engine_config({"enable_hift_graph": False}, CPU).vocoder_graphs is False
@@ -275,3 +274,135 @@ def test_voice_from_vllm_omni_features(setup) -> None:  # type: ignore[no-untype
                  "prompt_mels_len"):
         assert torch.equal(getattr(voice, name), getattr(v, name)), name
     assert voice_from_features(v, CPU) is v
+
+
+@dataclass(frozen=True)
+class Item:
+    """The fields of vLLM-Omni's ``_WorkItem`` the backend reads."""
+
+    prompt_cache_id: str
+    prompt_wav: str
+    tokens: torch.Tensor
+    last_chunk: bool
+    previous: Any = None  # vLLM-Omni's request state: ``.token2wav`` is the handle
+
+
+def vllm_omni_forward(backend: Code2WavBackend, batches: list[list[Item]]) -> list[Any]:
+    """The backend calls of vLLM-Omni's forward, given its decode batches (``_iter_decode_batches``
+    hands them to ``plan_forward`` first): per batch, prepare, set up or continue, decode."""
+    backend.plan_forward(batches)
+    out = []
+    for batch in batches:
+        head = batch[0]
+        features = backend.prepare_prompt(head.prompt_cache_id, head.prompt_wav)
+        states = (backend.setup_batch(features, len(batch)) if head.previous is None
+                  else [item.previous.token2wav for item in batch])
+        audios, states = backend.decode_ragged_batch(
+            [item.tokens for item in batch], features, states,
+            last_chunks=[item.last_chunk for item in batch])
+        out += zip(batch, audios, states, strict=True)
+    return out
+
+
+def serve(backend: Code2WavBackend, requests: dict[str, tuple[str, list[int], int]],
+          steps_per_forward: list[int]) -> dict[str, np.ndarray]:
+    """Requests (voice, tokens, forward it joins at) through vLLM-Omni-like forwards: one batch
+    per voice and new/continuing, each request's windows in order; returns each one's PCM."""
+    got: dict[str, list[torch.Tensor]] = {rid: [] for rid in requests}
+    state: dict[str, Any] = {}
+    plans = {rid: windows(tokens) for rid, (_, tokens, _) in requests.items()}
+    forward = 0
+    while len(state) or any(forward <= start for *_, start in requests.values()):
+        batches: dict[tuple[str, bool], list[Item]] = {}
+        for rid, (voice, _, start) in requests.items():
+            i = forward - start
+            if 0 <= i < len(plans[rid]):
+                tokens, last = plans[rid][i]
+                previous = state.get(rid)
+                item = Item(voice, f"/spool/{voice}.wav", torch.tensor(tokens), last, previous)
+                batches.setdefault((voice, previous is None), []).append(item)
+        before = backend.engine.counters.steps
+        for item, audio, handle in vllm_omni_forward(backend, list(batches.values())):
+            rid = next(r for r, (v, _, s) in requests.items()
+                       if v == item.prompt_cache_id and torch.equal(
+                           torch.tensor(plans[r][forward - s][0]), item.tokens))
+            got[rid].append(audio)
+            state.pop(rid, None)
+            if not item.last_chunk:
+                state[rid] = types.SimpleNamespace(token2wav=handle)
+        steps_per_forward.append(backend.engine.counters.steps - before)
+        forward += 1
+    return {rid: torch.cat(parts).numpy() for rid, parts in got.items()}
+
+
+@pytest.fixture(scope="module")
+def four_voices(models):  # type: ignore[no-untyped-def]
+    small = small_models(models)
+    return small, make_voices(small, [2.0, 2.6, 3.3, 4.1])
+
+
+def test_every_voice_of_a_forward_decodes_in_one_engine_step(four_voices) -> None:  # type: ignore[no-untyped-def]
+    small, voices = four_voices
+    feats = {f"v{i}": features_of(v, f"v{i}") for i, v in enumerate(voices)}
+    # Four voices, joining at forwards 0, 0, 1 and 3: first, continuing and last windows meet.
+    requests = {"a": ("v0", utterance(131, 1), 0), "b": ("v1", utterance(60, 2), 0),
+                "c": ("v2", utterance(77, 3), 1), "d": ("v3", utterance(40, 4), 3)}
+    registry = CollectorRegistry()
+    steps: list[int] = []
+    with fixed_nsf_noise():
+        want = direct(small, voices, [(r, int(v[1]), t) for r, (v, t, _) in requests.items()])
+        backend = make_backend(small, RuntimeMetrics(registry), feats)
+        got = serve(backend, requests, steps)
+    assert steps == [1] * len(steps)  # one engine step per forward, whatever the voices
+    for rid in requests:
+        assert got[rid].shape == want[rid].shape, rid
+        assert float(np.abs(got[rid] - want[rid]).max()) <= TOL, rid
+    assert backend.engine.num_streams == 0 and backend.waiting_streams == 0
+    value = registry.get_sample_value
+    assert value("minicpm_speech_code2wav_forwards_total") == len(steps)
+    assert value("minicpm_speech_code2wav_engine_steps_total", {"reason": "forward"}) == len(steps)
+    assert value("minicpm_speech_code2wav_engine_steps_total", {"reason": "final_window"}) == 0
+
+
+def test_a_request_beyond_capacity_waits_for_a_slot_and_completes(four_voices) -> None:  # type: ignore[no-untyped-def]
+    small, voices = four_voices
+    feats = {f"v{i}": features_of(v, f"v{i}") for i, v in enumerate(voices)}
+    # Two slots, three requests at once: "c" waits until "a" ends, then catches up.
+    requests = {"a": ("v0", utterance(60, 5), 0), "b": ("v1", utterance(131, 6), 0),
+                "c": ("v2", utterance(77, 7), 0)}
+    registry = CollectorRegistry()
+    steps: list[int] = []
+    with fixed_nsf_noise():
+        want = direct(small, voices, [(r, int(v[1]), t) for r, (v, t, _) in requests.items()])
+        backend = make_backend(small, RuntimeMetrics(registry), feats, max_streams=2,
+                               micro_batch=2)
+        got = serve(backend, requests, steps)
+    for rid in requests:
+        assert got[rid].shape == want[rid].shape, rid
+        assert float(np.abs(got[rid] - want[rid]).max()) <= TOL, rid
+    assert backend.engine.num_streams == 0 and backend.waiting_streams == 0
+    value = registry.get_sample_value
+    # "c" got its last window while waiting: the forward that freed a slot finished it
+    assert value("minicpm_speech_code2wav_engine_steps_total", {"reason": "final_window"}) > 0
+    assert max(steps) > 1
+    assert value("minicpm_speech_code2wav_slot_wait_seconds_count") == 3
+    assert value("minicpm_speech_code2wav_waiting_streams") == 0
+
+
+def test_a_voice_that_fails_in_planning_fails_at_its_own_batch(four_voices) -> None:  # type: ignore[no-untyped-def]
+    small, voices = four_voices
+    feats = {"v0": features_of(voices[0], "v0"), "v3": features_of(voices[3], "v3")}
+    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats,
+                           max_prompt_frames=120)  # v3's 4.1 s prompt does not fit
+    good = [Item("v0", "/spool/v0.wav", torch.tensor(utterance(28, 8)), False)]
+    bad = [Item("v3", "/spool/v3.wav", torch.tensor(utterance(28, 9)), False)]
+    with fixed_nsf_noise():
+        backend.plan_forward([bad, good])
+        with pytest.raises(ValueError, match="max_prompt_frames"):
+            backend.prepare_prompt("v3", "/spool/v3.wav")  # where vLLM-Omni meets that batch
+        f0 = backend.prepare_prompt("v0", "/spool/v0.wav")
+        [handle] = backend.setup_batch(f0, 1)
+        audios, _ = backend.decode_ragged_batch([good[0].tokens], f0, [handle],
+                                                last_chunks=[False])
+    assert audios[0].numel() > 0  # the good batch was stepped in the same forward
+    assert backend.engine.num_streams == 1 and backend.engine.counters.steps == 1

@@ -25,6 +25,10 @@ EXPECTED = {
     "minicpm_speech_code2wav_graph_budget_limit": "gauge",
     "minicpm_speech_code2wav_chunk_duration_seconds": "histogram",
     "minicpm_speech_code2wav_active_streams": "gauge",
+    "minicpm_speech_code2wav_forwards": "counter",
+    "minicpm_speech_code2wav_engine_steps": "counter",
+    "minicpm_speech_code2wav_waiting_streams": "gauge",
+    "minicpm_speech_code2wav_slot_wait_seconds": "histogram",
     "minicpm_speech_gpu_memory_bytes": "gauge",
     # the supervisor's own
     "minicpm_speech_ready": "gauge",
@@ -81,6 +85,17 @@ def test_metrics_from_the_server_process_reach_the_supervisor(pod: Pod, start: A
     assert _sample(families, prep, f"{prep}_total", outcome="abandoned") == 1
     solves = "minicpm_speech_code2wav_setup_solves"
     assert _sample(families, solves, f"{solves}_total", mode="batched") == 1
+    streams = "minicpm_speech_code2wav_setup_streams"
+    assert _sample(families, streams, f"{streams}_total", mode="copied") == 2
+    steps = "minicpm_speech_code2wav_engine_steps"
+    assert _sample(families, steps, f"{steps}_total", reason="forward") == 3
+    assert _sample(families, steps, f"{steps}_total", reason="final_window") == 1
+    assert _sample(families, "minicpm_speech_code2wav_forwards",
+                   "minicpm_speech_code2wav_forwards_total") == 3
+    assert _sample(families, "minicpm_speech_code2wav_waiting_streams",
+                   "minicpm_speech_code2wav_waiting_streams") == 1
+    wait = "minicpm_speech_code2wav_slot_wait_seconds"
+    assert _sample(families, wait, f"{wait}_bucket", le="0.25") == 1
     assert _sample(families, "minicpm_speech_code2wav_graph_captures",
                    "minicpm_speech_code2wav_graph_captures_total", kind="decode") == 5
     assert _sample(families, "minicpm_speech_code2wav_graph_budget_used",

@@ -3,19 +3,20 @@ method names, part 1's real reference preparation on a tiny random checkpoint (C
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 import types
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
 import yaml
 from minicpm_speech_runtime.serving import control, plugin
-from minicpm_speech_runtime.serving.backend import RuntimeBackend
-from minicpm_speech_runtime.serving.batched import EngineBackend
+from minicpm_speech_runtime.serving.backend import VLLM_OMNI_READS, Code2WavBackend
 
 FEATURES_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav"
 
@@ -37,8 +38,11 @@ class _Entry:
 class FakeEngine(torch.nn.Module):
     """``BatchedToken2Wav``'s surface, recording calls; like it, an ``nn.Module``."""
 
+    alive: ClassVar[weakref.WeakSet[FakeEngine]] = weakref.WeakSet()
+
     def __init__(self, tokenizer: torch.nn.Module) -> None:
         super().__init__()
+        FakeEngine.alive.add(self)
         self.speech_window = torch.zeros(4)
         self._token2wav = types.SimpleNamespace(
             _core=types.SimpleNamespace(_audio_tokenizer=tokenizer)
@@ -72,9 +76,11 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
         builds = 0
 
         def __init__(self, extras: dict[str, Any], model_path: Path, refs: dict[str, bytes],
-                     spool: Path) -> None:
+                     spool: Path, max_num_seqs: int = 8) -> None:
             super().__init__()
             self.backend: Any = None
+            self.vllm_config = types.SimpleNamespace(
+                scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs))
             self._extras, self.model_path = extras, str(model_path)
             self._states: dict[str, Any] = {}
             self.refs, self.spool = refs, spool
@@ -86,6 +92,9 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
             type(self).builds += 1
             if self.backend is None:
                 self.backend = FakeEngine(tokenizer)
+
+        def _iter_decode_batches(self, buckets: Any) -> Any:
+            yield from buckets
 
         def _materialize_runtime_prompt(self, ref_audio: str, sample_rate: int) -> Any:
             path = self.spool / f"{ref_audio}.wav"
@@ -201,27 +210,29 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     plugin.register()
     refs = {"default": wav_bytes(2.0, 24000, seed=1), "a": wav_bytes(2.5, 16000, seed=2),
             "b": wav_bytes(3.0, 22050, seed=3)}
-    model = fake_vllm_omni(extras, model_dir, refs, tmp_path)
+    model = fake_vllm_omni(extras, model_dir, refs, tmp_path, max_num_seqs=6)
     model._build_backend()
     model._build_backend()  # vLLM-Omni may call it again: nothing changes
     backend = model.backend
-    assert isinstance(backend, RuntimeBackend)
+    assert isinstance(backend, Code2WavBackend)
+    assert all(callable(getattr(backend, name)) for name in VLLM_OMNI_READS)
     assert fake_vllm_omni.builds == 2
+    # vLLM-Omni's own backend is let go: the Code2Wav weights are held once, by the engine.
+    gc.collect()
+    assert not list(FakeEngine.alive) and "backend" not in model._modules
     written = control.read_json(tmp_path / "control", control.PLUGIN_FILE)
     assert written is not None and written["options"]["micro_batch_size"] == 2
+    assert written["max_streams"] == 6  # the stage's max_num_seqs
+    assert written["weight_bytes"]["engine"] > 0
     pre = control.read_json(tmp_path / "control", control.PRECAPTURE_FILE)
-    assert pre is not None and pre["state"] == "done" and pre["batch_sizes"] == [1, 2]
+    assert pre is not None and pre["state"] == "done"
     # Setup and decode run on this project's batched engine, configured from the extras;
     # precapture ran its warm-up and one stream of the default voice (2 chunks).
     engine = backend.engine
-    assert isinstance(engine, EngineBackend)
-    assert engine.engine.config.micro_batch == 2 and engine.engine.config.precapture
-    assert engine.engine.counters.chunks == 2 and engine.engine.counters.ended["done"] == 1
+    assert engine.config.micro_batch == 2 and engine.config.precapture
+    assert engine.config.max_streams == 6
+    assert engine.counters.chunks == 2 and engine.counters.ended["done"] == 1
     assert pre["graph_stats"] == engine.graph_stats()
-    inner = engine.fallback
-    assert isinstance(inner, FakeEngine)
-    assert not [c for c in inner.calls if c[0] in ("setup", "decode")]
-    assert backend.speech_window is inner.speech_window  # other reads reach vLLM-Omni's
 
     # A request's reference: submitted when vLLM-Omni writes it, acquired at chunk 0.
     _, entry = model._materialize_runtime_prompt("a", 16000)
@@ -245,10 +256,9 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     snap = backend.prep.counters.snapshot()
     assert snap["ahead"] + snap["late"] == 2
 
-    # vLLM-Omni evicts the prompts: the pool lets go, the engine is told.
+    # vLLM-Omni evicts the prompts: the pool lets go.
     for e in (entry, entry_b):
         backend.evict_prompt(e.cache_id, e.path)
-    assert ("evict", entry.cache_id) in inner.calls
     backend.prep.wait_idle(60)
     assert backend.prep.live_spool_files() == []
     # Only the default voice stays pinned: vLLM-Omni never evicts its default prompt.

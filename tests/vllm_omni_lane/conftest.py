@@ -55,7 +55,7 @@ def noise() -> torch.Tensor:
 
 @pytest.fixture(autouse=True, scope="session")
 def code2wav_originals() -> dict[str, Any]:
-    """``MiniCPMO45Code2Wav``'s two methods the plugin wraps, as vLLM-Omni defines them."""
+    """``MiniCPMO45Code2Wav``'s methods the plugin wraps, as vLLM-Omni defines them."""
     import importlib
 
     from minicpm_speech_runtime.serving import plugin
@@ -63,7 +63,7 @@ def code2wav_originals() -> dict[str, Any]:
     cls = importlib.import_module(CODE2WAV_MODULE).MiniCPMO45Code2Wav
     # Taken before any test of this session has registered the plugin.
     assert not getattr(cls, plugin.MARKER, False)
-    return {name: cls.__dict__[name] for name in ("_build_backend", "_materialize_runtime_prompt")}
+    return {name: cls.__dict__[name] for name in plugin.WRAPPED}
 
 
 @pytest.fixture

@@ -39,8 +39,11 @@ SILENCE = 4218  # the codes vLLM-Omni's connector puts before a stream's first w
 CONNECTOR = {"codec_chunk_frames": 25, "codec_left_context_frames": 3}
 
 
-def build_code2wav(model_dir: Path, extras: Mapping[str, Any]) -> MiniCPMO45Code2Wav:
-    """vLLM-Omni's Code2Wav model on ``model_dir``, loaded as vLLM's loader loads it."""
+def build_code2wav(
+    model_dir: Path, extras: Mapping[str, Any], max_num_seqs: int = 8
+) -> MiniCPMO45Code2Wav:
+    """vLLM-Omni's Code2Wav model on ``model_dir``, loaded as vLLM's loader loads it, for a
+    stage scheduled with ``max_num_seqs``."""
     config = SimpleNamespace(
         model_config=SimpleNamespace(
             model=str(model_dir),
@@ -48,6 +51,7 @@ def build_code2wav(model_dir: Path, extras: Mapping[str, Any]) -> MiniCPMO45Code
             stage_connector_config={"name": "SharedMemoryConnector", "extra": dict(extras)},
         ),
         load_config=SimpleNamespace(load_format="auto"),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
     )
     model = MiniCPMO45Code2Wav(vllm_config=config)  # type: ignore[arg-type]
     model.load_weights(iter(()))
@@ -58,8 +62,8 @@ def cfm_noise(model: MiniCPMO45Code2Wav) -> torch.Tensor:
     """The CFM's fixed noise that decodes of ``model`` read: vLLM-Omni's, or the engine's."""
     backend: Any = model.backend
     engine = getattr(backend, "engine", None)
-    if engine is not None:  # this project's RuntimeBackend -> EngineBackend -> Code2WavEngine
-        return engine.engine.runner.flow.decoder.rand_noise  # type: ignore[no-any-return]
+    if engine is not None:  # this project's Code2WavBackend -> Code2WavEngine
+        return engine.runner.flow.decoder.rand_noise  # type: ignore[no-any-return]
     return backend.flow.decoder.rand_noise  # type: ignore[no-any-return]
 
 
@@ -108,6 +112,8 @@ class Stage2:
         self.consumer: dict[str, Any] = {}
         self.pcm: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.windows: dict[str, list[int]] = defaultdict(list)  # tokens of each step's window
+        self.forwards: list[tuple[list[str], int | None]] = []  # requests, engine steps
+        self.aborts: dict[str, int] = {}  # request -> the Talker tick it is aborted at
 
     def add(self, request: Request) -> None:
         info: dict[str, Any] = {}
@@ -170,6 +176,8 @@ class Stage2:
             info = dict(r.model_intermediate_buffer or r.additional_information or {})
             info["generated_len"] = 0
             infos.append(info)
+        engine = getattr(self.model.backend, "engine", None)
+        before = engine.counters.steps if engine is not None else None
         out = self.model.forward(
             input_ids=torch.cat(ids),
             positions=None,
@@ -177,6 +185,8 @@ class Stage2:
             seq_token_counts=[len(i) for i in ids],
             request_ids=list(rids),
         )
+        steps = None if engine is None or before is None else engine.counters.steps - before
+        self.forwards.append((list(rids), steps))
         for rid, tokens, audio in zip(rids, ids, out.multimodal_outputs["model_outputs"],
                                       strict=True):
             self.windows[rid].append(len(tokens))
@@ -196,7 +206,8 @@ class Stage2:
         Each Talker tick hands over ``burst[i % len(burst)]`` tokens per request (the Talker
         emits one per decode step). A request's finish comes on the tick after its last token,
         as the Talker's end token (no codec token) brings it, or with ``finish_with_last`` on
-        the same hand-over as its last tokens.
+        the same hand-over as its last tokens. A request in ``aborts`` is let go at that tick
+        (``on_requests_finished``, as for a client that went away) and returns no PCM.
         """
         for request in requests:
             self.add(request)
@@ -207,6 +218,10 @@ class Stage2:
             ready = []
             for request in requests:
                 if request.rid in finished or tick < request.start:
+                    continue
+                if self.aborts.get(request.rid) == tick:  # the client went away
+                    finished.add(request.rid)
+                    self.model.on_requests_finished({request.rid})
                     continue
                 n = burst[tick % len(burst)]
                 start = sent[request.rid]
@@ -220,4 +235,5 @@ class Stage2:
             if ready:
                 self.step(ready)
             tick += 1
-        return {r.rid: torch.cat(self.pcm[r.rid]).numpy() for r in requests}
+        return {r.rid: torch.cat(self.pcm[r.rid]).numpy() for r in requests
+                if r.rid not in self.aborts}

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 pytest.importorskip(
     "vllm_omni", reason="vLLM-Omni is not installed here; `make test-vllm-omni` runs this lane"
@@ -24,8 +25,8 @@ pytest.importorskip(
 from minicpm_speech_runtime.bench.parity import TOL, drain, engine, utterance
 from minicpm_speech_runtime.device import DeviceHalf, PreparedVoice
 from minicpm_speech_runtime.host import prepare_host
-from minicpm_speech_runtime.serving.backend import RuntimeBackend
-from minicpm_speech_runtime.serving.batched import EngineBackend, voice_from_features
+from minicpm_speech_runtime.serving.backend import Code2WavBackend
+from minicpm_speech_runtime.serving.batched import voice_from_features
 from minicpm_speech_runtime.speaker import make_speaker
 from minicpm_speech_runtime.synth import voice_like
 from vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav import (
@@ -125,8 +126,10 @@ def own(plugin_on: Path, model_dir: Path, noise: torch.Tensor) -> Code2WavPath:
 
 @pytest.fixture(scope="module")
 def runtime(plugin_on: Path, model_dir: Path, noise: torch.Tensor) -> Code2WavPath:
-    """Stage 2 on this project's runtime, reference features from vLLM-Omni's own preparation."""
-    extras = {**CONNECTOR, "batched_code2wav": True, "reference_prep_workers": 0}
+    """Stage 2 on this project's runtime, each reference prepared inline at chunk 0 (CAM++ on
+    ONNX Runtime, as vLLM-Omni's own preparation runs it)."""
+    extras = {**CONNECTOR, "batched_code2wav": True, "reference_prep_workers": 0,
+              "campplus_backend": "onnxruntime"}
     path = Code2WavPath(build_code2wav(model_dir, extras), extras, noise)
     path.stage, path.pcm = path.run(REQUESTS)
     return path
@@ -154,7 +157,7 @@ def test_runtime_behind_the_plugin_equals_vllm_omnis_own_path(
     runtime: Code2WavPath, own: Code2WavPath
 ) -> None:
     backend = runtime.model.backend
-    assert isinstance(backend, RuntimeBackend) and isinstance(backend.engine, EngineBackend)
+    assert isinstance(backend, Code2WavBackend)
     assert_close(runtime.pcm, own.pcm)
     # Finished requests leave no stream behind in the engine.
     assert backend.engine.num_streams == 0
@@ -170,7 +173,7 @@ def test_reference_preparation_and_precapture_behind_the_plugin(
     path = Code2WavPath(build_code2wav(model_dir, extras), extras, noise)
     backend = path.model.backend
     try:
-        assert isinstance(backend, RuntimeBackend) and backend.prep is not None
+        assert isinstance(backend, Code2WavBackend) and backend.prep is not None
         plugin_doc = json.loads((plugin_on / "plugin.json").read_text())
         assert plugin_doc["options"]["reference_prep_workers"] == 2
         precapture = json.loads((plugin_on / "precapture.json").read_text())
@@ -216,3 +219,72 @@ def test_a_final_window_longer_than_a_chunk_is_decoded_in_chunks(
         assert our_pcm[rid].shape == their_pcm[rid].shape, rid
         head = np.abs(our_pcm[rid][:before_last] - their_pcm[rid][:before_last])
         assert float(head.max()) <= TOL, rid
+
+
+# Eight distinct voices whose windows meet at Talker tick 49: two continuing windows, four
+# first windows and two last windows in one forward.
+EIGHT = [
+    Request(f"r{i}", utterance(n, 30 + i), voice_like(2.0 + 0.2 * i, rate, seed=40 + i), rate,
+            start=start)
+    for i, (n, start, rate) in enumerate([
+        (131, 0, 16000), (77, 25, 24000), (49, 0, 16000), (60, 25, 24000),
+        (90, 0, 16000), (40, 25, 24000), (39, 10, 16000), (100, 25, 24000),
+    ])
+]
+
+
+def test_one_forward_of_eight_voices_is_one_engine_step(
+    runtime: Code2WavPath, own: Code2WavPath
+) -> None:
+    _, their_pcm = own.run(EIGHT)
+    ours, our_pcm = runtime.run(EIGHT)
+    assert_close(our_pcm, their_pcm)
+    everyone = [rids for rids, _ in ours.forwards if len(rids) == len(EIGHT)]
+    assert everyone, [rids for rids, _ in ours.forwards]
+    # the engine's own step counter: one step for every stage-2 step, whatever it holds
+    assert [steps for _, steps in ours.forwards] == [1] * len(ours.forwards)
+    backend = runtime.model.backend
+    assert isinstance(backend, Code2WavBackend)
+    assert backend.engine.num_streams == 0 and backend.waiting_streams == 0
+
+
+def test_beyond_max_num_seqs_requests_wait_and_an_abort_frees_its_slot(
+    plugin_on: Path, model_dir: Path, own: Code2WavPath, noise: torch.Tensor
+) -> None:
+    """Stage 2 scheduled with ``max_num_seqs: 2`` and three requests at once: the third waits
+    for a slot; the first is aborted mid-stream, which frees its slot, and the third then
+    completes with the audio vLLM-Omni's own path gives it."""
+    extras = {**CONNECTOR, "batched_code2wav": True, "reference_prep_workers": 2,
+              "campplus_backend": "onnxruntime"}
+    path = Code2WavPath(build_code2wav(model_dir, extras, max_num_seqs=2), extras, noise)
+    backend = path.model.backend
+    assert isinstance(backend, Code2WavBackend)
+    assert backend.engine.config.max_streams == 2
+    requests = [EIGHT[0], EIGHT[4], EIGHT[2]]
+    waited = "minicpm_speech_code2wav_slot_wait_seconds_sum"
+    waited_before = REGISTRY.get_sample_value(waited) or 0.0
+    try:
+        stage = Stage2(path.model, extras)
+        stage.aborts[EIGHT[0].rid] = 30
+        with fixed_vocoder_noise():
+            our_pcm = stage.run(requests)
+        assert (REGISTRY.get_sample_value(waited) or 0.0) > waited_before  # the third waited
+        reference = Stage2(own.model, own.extras)
+        reference.aborts[EIGHT[0].rid] = 30
+        with fixed_vocoder_noise():
+            their_pcm = reference.run(requests)
+        assert_close(our_pcm, their_pcm)
+        engine = backend.engine
+        assert engine.counters.ended["cancelled"] == 1
+        assert engine.counters.ended["done"] == 2
+        # back to the baseline: no stream, no waiting, every slot free, and the prepared
+        # voices are those vLLM-Omni still caches (its default voice and its prompt cache)
+        assert engine.num_streams == 0 and backend.waiting_streams == 0
+        assert engine.free_slots == 2
+        assert backend.prep is not None
+        assert backend.prep.wait_idle(60)
+        held = {entry.cache_id for entry in path.model._runtime_prompts.values()}
+        pinned = set().union(*backend.prep.pins().values())
+        assert pinned <= held | {path.model._normalized_default_prompt()[1]}
+    finally:
+        backend.close()

@@ -63,9 +63,8 @@ class Code2WavEngine:
         self.up_rate = models.up_rate
 
     # public API
-    def add_stream(self, stream_id: Any, voice: Any) -> None:
-        """Start a stream with a prepared voice (:class:`~..device.PreparedVoice`); a voice the
-        engine cannot set up is refused here (ValueError), before it joins any step."""
+    def check_voice(self, voice: Any) -> None:
+        """Raise ValueError, naming the field, for a voice the engine cannot set up."""
         frames = int(voice.prompt_mels.shape[1])
         tokens = int(voice.prompt_tokens.shape[1])
         if frames > self.config.max_prompt_frames:
@@ -78,6 +77,13 @@ class Code2WavEngine:
                 f"voice prompt_mels: {frames} frames for {tokens} prompt tokens; a prepared "
                 f"voice has {self.up_rate} frames per token and at least one token"
             )
+
+    def add_stream(self, stream_id: Any, voice: Any) -> None:
+        """Start a stream with a prepared voice (:class:`~..device.PreparedVoice`); a voice the
+        engine cannot set up is refused here (ValueError), before it joins any step, and a
+        stream beyond ``max_streams`` (RuntimeError "no free stream slot")."""
+        self.check_voice(voice)
+        frames = int(voice.prompt_mels.shape[1])
         with self._lock:
             s = StreamState(stream_id, voice, voice.key, frames, self._order, self.clock())
             self.scheduler.add(s)
@@ -119,6 +125,20 @@ class Code2WavEngine:
     @property
     def num_streams(self) -> int:
         return len(self.scheduler.streams)
+
+    @property
+    def free_slots(self) -> int:
+        """Streams :meth:`add_stream` takes now; a stream that ends frees its slot in a step."""
+        return self.config.max_streams - self.runner.num_live
+
+    def has_output(self, stream_id: Any) -> bool:
+        """Whether the next step emits something for this stream: a chunk, or its end."""
+        with self._lock:
+            s = self.scheduler.streams.get(stream_id)
+            if s is None:
+                return False
+            cancelled = stream_id in self.scheduler.cancelled
+            return cancelled or s.end_reason is not None or s.ready_chunk() is not None
 
     def step(self) -> list[ChunkOut]:
         with torch.profiler.record_function("engine.step"):

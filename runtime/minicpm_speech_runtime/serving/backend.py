@@ -1,26 +1,39 @@
-"""The Code2Wav backend that the plugin puts behind vLLM-Omni's stage 2.
+"""Stage 2's Code2Wav backend: vLLM-Omni's ``MiniCPMO45Code2Wav`` keeps its request
+bookkeeping, this project's batched engine does the work.
 
-vLLM-Omni's ``MiniCPMO45Code2Wav`` (``minicpmo_4_5_code2wav.py``) keeps its request
-bookkeeping and calls five methods of ``self.backend`` (a ``BatchedToken2Wav``):
-``prepare_prompt(cache_id, wav)``, ``evict_prompt(cache_id, wav)``,
-``setup_batch(features, n)``, ``decode_batch(tokens, features, states, last_chunk=)`` and
-``decode_ragged_batch(tokens, features, states, last_chunks=)``. :class:`RuntimeBackend`
-offers the same five and splits them:
-
-* reference preparation goes to part 1's :class:`~minicpm_speech_runtime.prep.VoicePrep`:
-  :meth:`RuntimeBackend.submit_ahead` is called (by the plugin) when vLLM-Omni writes a
-  request's reference WAV, which happens while parsing the whole step's batch and before the
-  first ``prepare_prompt`` of that step, so the host halves of all new voices of a step run on
-  the worker threads while earlier buckets decode; ``prepare_prompt`` then ``acquire``\\ s.
-  A VoicePrep "request" is one vLLM-Omni runtime prompt (its ``cache_id``); vLLM-Omni tracks
-  the owning requests and calls ``evict_prompt`` when none is left, which ``release``\\ s it.
-* setup and decode go to a :class:`Code2WavEngine`: with ``batched_code2wav`` the plugin
-  puts this project's batched engine there (:class:`~.batched.EngineBackend`, which adds
-  ``precapture``, ``graph_stats`` and ``setup_counters``); any object with vLLM-Omni's
-  ``BatchedToken2Wav`` surface works too (its CFM wrapper's graph stats are read).
-
-Every call is counted in :class:`~.metrics.RuntimeMetrics`. Nothing here imports
+vLLM-Omni 0.30.0's model reads five attributes of its backend, :data:`VLLM_OMNI_READS`:
+``prepare_prompt(cache_id, wav)``, ``evict_prompt(cache_id, wav)``, ``setup_batch(features,
+n)``, ``decode_batch(tokens, features, states, last_chunk=)`` and ``decode_ragged_batch(tokens,
+features, states, last_chunks=)``. :class:`Code2WavBackend` offers those and what the plugin
+calls: ``submit_ahead``, ``plan_forward``, ``precapture`` and ``close``. Nothing here imports
 vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
+
+* **One engine step per stage-2 step.** vLLM-Omni splits a forward's requests into batches,
+  one per (voice, cache shape, epoch), and calls the backend once per batch: with a voice per
+  request, once per request. Before the first of those calls the plugin hands every batch to
+  :meth:`Code2WavBackend.plan_forward`, which prepares each batch's voice, opens its new
+  streams, pushes every window's tokens and steps the engine once, so every voice of the step
+  decodes in one solve; the per-batch calls that follow take their audio from that step. A
+  failure met while planning a batch is raised when vLLM-Omni reaches that batch, where its own
+  error handling names the batch's requests. The engine steps again only to finish a final
+  window longer than one chunk (25 tokens), because vLLM-Omni lets a request go after its last
+  window; such steps are counted (``reason="final_window"``).
+* **Capacity.** The engine holds ``max_streams`` streams (stage 2's ``max_num_seqs``). A
+  request beyond them waits, first come first served, its tokens kept, and starts when a stream
+  ends; the queue's depth and each wait are metrics.
+* **Windows.** vLLM-Omni's connector (``tts2code2wav_async_chunk``) sends 3 codes of left
+  context, then the new tokens. Before a stream's first window that context is three silence
+  codes, which vLLM-Omni vocodes as the stream's start, so the first window is pushed whole;
+  later windows repeat the previous window's last tokens, which the engine kept, so those are
+  skipped. A final window of 25 or more new tokens is cut into the engine's chunks, where
+  vLLM-Omni's own path vocodes it in one piece: same length, a different last stretch of audio.
+* **Streams.** A "state" vLLM-Omni keeps per request is a :class:`StreamHandle`; when vLLM-Omni
+  lets it go (request finished or aborted) its stream is cancelled at the next step.
+* **Reference preparation** goes to part 1's :class:`~minicpm_speech_runtime.prep.VoicePrep`:
+  :meth:`Code2WavBackend.submit_ahead` starts it when vLLM-Omni writes a request's reference
+  WAV; ``prepare_prompt`` then acquires it. A VoicePrep request is one vLLM-Omni runtime prompt
+  (its ``cache_id``); vLLM-Omni calls ``evict_prompt`` when no request holds it, which releases
+  it. Without workers, ``inline_prepare`` prepares at chunk 0.
 """
 
 from __future__ import annotations
@@ -28,37 +41,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import torch
 
+from ..device import PreparedVoice
+from ..engine import Code2WavEngine
+from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, PROMPT_PAD_TOKEN
 from ..prep import VoicePrep
+from .batched import voice_from_features
 from .metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
 
+# What minicpmo_4_5_code2wav.py (vLLM-Omni 0.30.0) reads of ``self.backend``.
+VLLM_OMNI_READS = (
+    "prepare_prompt",
+    "evict_prompt",
+    "setup_batch",
+    "decode_batch",
+    "decode_ragged_batch",
+)
 CAMPPLUS_BACKENDS = {"cuda": "torch", "onnxruntime": "onnxruntime", "tensorrt": "tensorrt"}
-
-
-@runtime_checkable
-class Code2WavEngine(Protocol):
-    """Setup and decode of Code2Wav streams (vLLM-Omni's ``BatchedToken2Wav`` surface)."""
-
-    def setup_batch(self, features: Any, batch_size: int) -> list[Any]: ...
-
-    def decode_batch(
-        self, tokens: torch.Tensor, features: Any, states: list[Any], *, last_chunk: bool
-    ) -> tuple[list[torch.Tensor], list[Any]]: ...
-
-    def decode_ragged_batch(
-        self, tokens: list[torch.Tensor], features: Any, states: list[Any], *,
-        last_chunks: list[bool],
-    ) -> tuple[list[torch.Tensor], list[Any]]: ...
-
-    def evict_prompt(self, prompt_cache_id: str, prompt_wav: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -97,15 +107,42 @@ class RuntimeOptions:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-class _ChunkTimer:
-    """Device time of decode calls without a host sync: events resolved on later calls."""
+@dataclass(eq=False)
+class StreamHandle:
+    """vLLM-Omni's per-request "state": the engine stream it stands for."""
 
-    def __init__(self, metrics: RuntimeMetrics) -> None:
-        self.metrics = metrics
+    stream_id: int
+    windows: int = 0  # windows pushed
+    finished: bool = False
+    reason: str | None = None
+    planned: bool = False  # this forward's window was pushed by ``plan_forward``
+
+    # vLLM-Omni buckets continuing requests by the tensor shapes of their states' caches
+    # (``state_shape_signature`` reads these two); a handle's caches live in the engine, so
+    # every handle of one prompt and epoch shares one bucket and the engine takes ragged rows.
+    flow_cache: ClassVar[Mapping[str, torch.Tensor]] = MappingProxyType({})
+    hift_cache: ClassVar[Mapping[str, torch.Tensor]] = MappingProxyType({})
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A stream that has no engine slot yet, and the tokens it was sent meanwhile."""
+
+    voice: PreparedVoice
+    since: float
+    tokens: list[int] = field(default_factory=list)
+    last: bool = False
+
+
+class _StepTimer:
+    """Device time of engine steps without a host sync: events resolved on later steps."""
+
+    def __init__(self, metrics: RuntimeMetrics, device: torch.device) -> None:
+        self.metrics, self.device = metrics, device
         self.pending: list[tuple[Any, Any, bool]] = []
 
-    def start(self, device: torch.device) -> Any:
-        if device.type == "cuda":
+    def start(self) -> Any:
+        if self.device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             event.record()  # type: ignore[no-untyped-call]
             return event
@@ -130,31 +167,42 @@ class _ChunkTimer:
         self.pending = still
 
 
-class RuntimeBackend:
+class Code2WavBackend:
+    """vLLM-Omni's Code2Wav backend surface on this project's :class:`Code2WavEngine`."""
+
     def __init__(
         self,
         engine: Code2WavEngine,
         options: RuntimeOptions,
-        prep: VoicePrep | None,
-        make_features: Callable[[tuple[str, str], Any], Any],
-        inline_prepare: Callable[[str, str], Any],
         metrics: RuntimeMetrics,
         device: torch.device,
-        streams: Callable[[], int] = lambda: 0,
+        make_features: Callable[[tuple[str, str], PreparedVoice], Any],
+        inline_prepare: Callable[[str, str], Any],
+        prep: VoicePrep | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.options = options
-        self.prep = prep
-        self.make_features = make_features
-        self.inline_prepare = inline_prepare
         self.metrics = metrics
         self.device = device
-        self.streams = streams
+        self.make_features = make_features
+        self.inline_prepare = inline_prepare
+        self.prep = prep
+        self.clock = clock
         self._features: dict[tuple[str, str], Any] = {}
+        self._voices: dict[Any, PreparedVoice] = {}
         self._submitted: set[str] = set()
-        self._fresh: set[int] = set()
         self._lock = threading.Lock()
-        self._timer = _ChunkTimer(metrics)
+        self._next_id = 0
+        self._dropped: deque[int] = deque()  # appended by handle finalizers
+        self._waiting: OrderedDict[int, _Waiting] = OrderedDict()
+        self._final: set[int] = set()  # streams whose last window is pushed
+        self._unstarted: set[int] = set()  # admitted streams with no audio yet
+        self._stash: dict[int, list[torch.Tensor]] = {}  # audio of a stream until collected
+        self._ended: dict[int, str] = {}
+        self._deferred: dict[tuple[str, str], Exception] = {}  # raised at that batch's call
+        self._planned_setups: dict[tuple[str, str], deque[list[StreamHandle]]] = {}
+        self._timer = _StepTimer(metrics, device)
         self._graph_seen: dict[tuple[str, str], int] = {}
         self._setups_seen = (0, 0, 0)
         metrics.set_graph_budget(0, options.cfm_max_graphs)
@@ -175,6 +223,9 @@ class RuntimeBackend:
 
     def prepare_prompt(self, prompt_cache_id: str, prompt_wav: str) -> Any:
         key = (prompt_cache_id, prompt_wav)
+        failed = self._deferred.pop(key, None)
+        if failed is not None:
+            raise failed
         cached = self._features.get(key)
         if cached is not None:
             return cached
@@ -196,162 +247,260 @@ class RuntimeBackend:
         return features
 
     def evict_prompt(self, prompt_cache_id: str, prompt_wav: str) -> None:
-        self._features.pop((prompt_cache_id, prompt_wav), None)
+        key = (prompt_cache_id, prompt_wav)
+        features = self._features.pop(key, None)
+        self._voices.pop(getattr(features, "cache_key", key), None)
         if self.prep is not None:
             with self._lock:
                 self._submitted.discard(prompt_cache_id)
             self.prep.release(prompt_cache_id)
             self.metrics.record_prep_counters(self.prep.counters.snapshot())
-        self.engine.evict_prompt(prompt_cache_id, prompt_wav)
 
     # ----------------------------------------------------------------- streams
 
-    def setup_batch(self, features: Any, batch_size: int) -> list[Any]:
-        states = self.engine.setup_batch(features, batch_size)
-        if not callable(getattr(self.engine, "setup_counters", None)):
-            # vLLM-Omni's engine repeats one prompt: one solve per reference, so "scalar".
-            batched = bool(getattr(self.engine, "batches_references", False))
-            self.metrics.setup_solve(batch_size, batched)
-        self._fresh.update(id(s) for s in states)
-        return states
-
-    def _first(self, states: Sequence[Any]) -> bool:
-        first = any(id(s) in self._fresh for s in states)
-        for s in states:
-            self._fresh.discard(id(s))
-        return first
+    def setup_batch(self, features: Any, batch_size: int) -> list[StreamHandle]:
+        """``batch_size`` new streams of the voice in ``features``; their setup runs in the
+        engine's next step, batched across voices. A voice the engine cannot set up is
+        refused here (ValueError)."""
+        key = getattr(features, "cache_key", None)
+        planned = self._planned_setups.get(key) if isinstance(key, tuple) else None
+        if planned and len(planned[0]) == batch_size:
+            return planned.popleft()
+        voice = self._voice(features)
+        self.engine.check_voice(voice)
+        handles = [self._open(voice) for _ in range(batch_size)]
+        self._admit()
+        return handles
 
     def decode_batch(
         self, tokens: torch.Tensor, features: Any, states: list[Any], *, last_chunk: bool,
-        **kwargs: Any,
+        **_: Any,
     ) -> tuple[list[torch.Tensor], list[Any]]:
-        first = self._first(states)
-        begin = self._timer.start(self.device)
-        out = self.engine.decode_batch(tokens, features, states, last_chunk=last_chunk, **kwargs)
-        self._timer.stop(begin, first)
-        self._after_step()
-        return out
+        if int(tokens.shape[0]) != len(states):
+            raise ValueError(f"tokens batch {int(tokens.shape[0])} != state batch {len(states)}")
+        rows = [tokens[i] for i in range(len(states))]
+        return self._decode(rows, states, [last_chunk] * len(states))
 
     def decode_ragged_batch(
         self, tokens: list[torch.Tensor], features: Any, states: list[Any], *,
         last_chunks: list[bool],
     ) -> tuple[list[torch.Tensor], list[Any]]:
-        first = self._first(states)
-        begin = self._timer.start(self.device)
-        out = self.engine.decode_ragged_batch(tokens, features, states, last_chunks=last_chunks)
-        self._timer.stop(begin, first)
-        self._after_step()
-        return out
+        if not len(tokens) == len(states) == len(last_chunks):
+            raise ValueError("ragged token, state, and final-flag batches must have the same size")
+        return self._decode(list(tokens), states, list(last_chunks))
 
-    def _after_step(self) -> None:
-        self.metrics.set_active_streams(self.streams())
-        if self.device.type == "cuda":
-            self.metrics.set_gpu_memory(
-                torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
-            )
-        self.export_setups()
-        self.export_graph_stats()
+    def plan_forward(self, batches: Iterable[Sequence[Any]]) -> None:
+        """Every decode batch of one vLLM-Omni forward (its ``_WorkItem`` lists), before
+        vLLM-Omni calls the backend for the first: push them all, then step the engine once."""
+        self._cancel_dropped()
+        self._deferred.clear()
+        self._planned_setups.clear()
+        handles: list[StreamHandle] = []
+        for batch in batches:
+            head = batch[0]
+            key = (head.prompt_cache_id, head.prompt_wav)
+            try:
+                features = self.prepare_prompt(*key)
+                if head.previous is None:
+                    opened = self.setup_batch(features, len(batch))
+                    self._planned_setups.setdefault(key, deque()).append(opened)
+                else:
+                    opened = [item.previous.token2wav for item in batch]
+            except Exception as exc:  # vLLM-Omni meets it at this batch, and names its requests
+                self._deferred[key] = exc
+                continue
+            for handle, item in zip(opened, batch, strict=True):
+                self._push(handle, item.tokens, item.last_chunk)
+                handle.planned = True
+            handles += opened
+        self.metrics.forwards.inc()
+        self._run(handles)
 
-    def export_setups(self) -> None:
-        """Setup solves an engine with ``setup_counters()`` ran (it sets up inside its steps)."""
-        counters = getattr(self.engine, "setup_counters", None)
-        if not callable(counters):
-            return
-        now = tuple(counters())
-        seen = self._setups_seen
-        if now != seen:
-            self._setups_seen = now
-            solves, streams, copied = (max(0, a - b) for a, b in zip(now, seen, strict=True))
-            self.metrics.record_setups(solves, streams, batched=True, copied=copied)
-
-    def graph_counts(self) -> tuple[dict[tuple[str, str], int], int, int] | None:
-        """((event, kind) -> count so far, graphs held, budget) of the engine, if it has any."""
-        own = getattr(self.engine, "graph_stats", None)
-        if callable(own):
-            raw = own()
-            counts = {
-                ("capture", "all"): int(raw.get("captures", 0)),
-                ("replay", "all"): int(raw.get("replays", 0)),
-                ("refusal", "all"): int(raw.get("refusals", 0)),
-            }
-            for kind, n in dict(raw.get("eager", {})).items():
-                counts[("eager", str(kind))] = int(n)
-            return counts, int(raw.get("graphs", 0)), int(raw.get("budget",
-                                                                  self.options.cfm_max_graphs))
-        wrapper = getattr(self.engine, "_cfm_graph_wrapper", None)
-        snapshot = getattr(wrapper, "stats_snapshot", None)
-        if not callable(snapshot):
-            return None
-        raw = snapshot()
-        # vLLM-Omni flushes its graph cache when the budget is full: a refusal.
-        counts = {
-            ("capture", "decode"): int(raw.get("captures", 0)),
-            ("replay", "decode"): int(raw.get("hits", 0)),
-            ("refusal", "decode"): int(raw.get("flushes", 0)),
-            ("eager", "decode"): int(raw.get("eager", 0)),
-        }
-        return counts, int(raw.get("cache_size", 0)), self.options.cfm_max_graphs
-
-    def export_graph_stats(self) -> None:
-        """Graph counters of the engine: ``graph_stats()``, or vLLM-Omni's CFM wrapper stats."""
-        got = self.graph_counts()
-        if got is None:
-            return
-        counts, used, limit = got
-        for (event, kind), value in counts.items():
-            delta = value - self._graph_seen.get((event, kind), 0)
-            if delta > 0:
-                self._graph_seen[(event, kind)] = value
-                self.metrics.graph_event(event, kind, delta)
-        self.metrics.set_graph_budget(used, limit)
-
-    # ----------------------------------------------------------------- start-up
+    # ----------------------------------------------------------------- start-up and stats
 
     def precapture(self, prompt_cache_id: str, prompt_wav: str) -> dict[str, Any]:
-        """Run the serving shapes once from a real reference so no graph is captured later.
-
-        An engine with its own ``precapture(features, batch_sizes)`` does it its way; else
-        each batch size of ``setup_graph_batch_sizes`` and ``micro_batch_size`` is set up
-        and decoded twice (first and steady chunk), which captures vLLM-Omni's lazy CFM
-        graphs of those shapes.
-        """
+        """The engine's warm-up (its graph grid), then one short stream of the model's default
+        reference, so no graph is captured while serving."""
         begin = time.perf_counter()
         features = self.prepare_prompt(prompt_cache_id, prompt_wav)
-        sizes = sorted({*self.options.setup_graph_batch_sizes, self.options.micro_batch_size})
-        own = getattr(self.engine, "precapture", None)
-        report: Any = None
-        if callable(own):
-            report = own(features, sizes)
-        else:
-            width = self.options.codec_left_context_frames + self.options.codec_chunk_frames
-            for size in sizes:
-                states = self.setup_batch(features, size)
-                tokens = torch.zeros((size, width), dtype=torch.long, device=self.device)
-                for _ in range(2):
-                    _, states = self.decode_batch(tokens, features, states, last_chunk=False)
+        captured = self.engine.warmup()
+        states = self.setup_batch(features, 1)
+        silence = torch.full((2 * CHUNK_TOKENS,), PROMPT_PAD_TOKEN, dtype=torch.long)
+        self._decode([silence], states, [True])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._timer.poll()
-        self._after_step()
-        document: dict[str, Any] = {
+        self._export()
+        stats = self.engine.graph_stats()
+        return {
             "state": "done",
             "seconds": round(time.perf_counter() - begin, 3),
-            "batch_sizes": sizes,
-            "graphs": sum(n for (event, _), n in self._graph_seen.items() if event == "capture"),
+            "captured": captured,
+            "graphs": int(stats.get("graphs", 0)),
+            "graph_stats": stats,
         }
-        stats = getattr(self.engine, "graph_stats", None)
-        if callable(stats):
-            document["graph_stats"] = stats()
-        if isinstance(report, dict) and "captured" in report:
-            document["captured"] = report["captured"]
-        return document
 
     def close(self) -> None:
         if self.prep is not None:
             self.prep.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # Anything else vLLM-Omni reads of its backend comes from the engine.
-        if name == "engine":
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    @property
+    def waiting_streams(self) -> int:
+        return len(self._waiting)
+
+    # ----------------------------------------------------------------- internals
+
+    def _voice(self, features: Any) -> PreparedVoice:
+        key = getattr(features, "cache_key", None)
+        voice = self._voices.get(key) if key is not None else None
+        if voice is None:
+            voice = voice_from_features(features, self.device)
+            if key is not None:
+                self._voices[key] = voice
+        return voice
+
+    def _open(self, voice: PreparedVoice) -> StreamHandle:
+        with self._lock:
+            sid = self._next_id
+            self._next_id += 1
+        handle = StreamHandle(sid)
+        # Never call into the engine from a finalizer (it may run inside a step).
+        weakref.finalize(handle, self._dropped.append, sid)
+        self._waiting[sid] = _Waiting(voice, self.clock())
+        return handle
+
+    def _admit(self) -> None:
+        """Start waiting streams, oldest first, while the engine has slots."""
+        while self._waiting and self.engine.free_slots > 0:
+            sid, w = self._waiting.popitem(last=False)
+            self.engine.add_stream(sid, w.voice)
+            self._unstarted.add(sid)
+            if w.tokens or w.last:
+                self.engine.push_tokens(sid, w.tokens, last=w.last)
+            self.metrics.observe_slot_wait(self.clock() - w.since)
+        self.metrics.set_waiting_streams(len(self._waiting))
+
+    def _cancel_dropped(self) -> None:
+        while self._dropped:
+            sid = self._dropped.popleft()
+            for table in (self._stash, self._ended):
+                table.pop(sid, None)
+            self._final.discard(sid)
+            self._unstarted.discard(sid)
+            if self._waiting.pop(sid, None) is None:
+                self.engine.cancel(sid)
+
+    def _push(self, handle: StreamHandle, row: torch.Tensor, last: bool) -> None:
+        ids = [int(t) for t in row.reshape(-1).tolist()]
+        if handle.windows:
+            ids = ids[LOOKAHEAD_TOKENS:]
+        handle.windows += 1
+        sid = handle.stream_id
+        if last:
+            self._final.add(sid)
+        waiting = self._waiting.get(sid)
+        if waiting is not None:
+            waiting.tokens += ids
+            waiting.last = waiting.last or last
+            return
+        if handle.finished or sid in self._ended:
+            reason = handle.reason or self._ended.get(sid)
+            if ids and reason != "done":
+                log.warning("Code2Wav stream %s ended (%s); %d tokens of it are dropped",
+                            sid, reason, len(ids))
+            return
+        self.engine.push_tokens(sid, ids, last=last)
+
+    def _decode(
+        self, rows: list[torch.Tensor], states: list[Any], lasts: list[bool]
+    ) -> tuple[list[torch.Tensor], list[Any]]:
+        self._cancel_dropped()
+        handles: list[StreamHandle] = list(states)
+        unplanned = [h for h in handles if not h.planned]
+        for handle, row, last in zip(handles, rows, lasts, strict=True):
+            if not handle.planned:
+                self._push(handle, row, last)
+            handle.planned = False
+        if unplanned:
+            self._run(unplanned)
+        return self._collect(handles), handles
+
+    def _run(self, handles: list[StreamHandle]) -> None:
+        """One step when any of ``handles`` has output; more only while a stream whose last
+        window came has some left (its request ends with this forward)."""
+        self._admit()
+        if any(self.engine.has_output(h.stream_id) for h in handles):
+            self._step("forward")
+        while True:
+            self._admit()
+            left = [h.stream_id for h in handles if h.stream_id in self._final]
+            if not any(sid in self._waiting or self.engine.has_output(sid) for sid in left):
+                break
+            if not self._step("final_window"):
+                stuck = [sid for sid in left if sid in self._waiting]
+                log.warning("Code2Wav streams %s ended waiting for a slot; their audio is lost",
+                            stuck)
+                for sid in stuck:
+                    self._waiting.pop(sid)
+                    self._ended[sid] = "no-slot"
+                break
+
+    def _step(self, reason: str) -> bool:
+        """One engine step; False when it had nothing to do."""
+        begin = self._timer.start()
+        outs = self.engine.step()
+        first = False
+        for out in outs:
+            sid = out.stream_id
+            if out.pcm.numel():
+                self._stash.setdefault(sid, []).append(out.pcm)
+                if sid in self._unstarted:
+                    self._unstarted.discard(sid)
+                    first = True
+            if out.finished:
+                self._ended[sid] = out.reason or "done"
+                self._final.discard(sid)
+                self._unstarted.discard(sid)
+        self._timer.stop(begin, first)
+        self.metrics.engine_steps.labels(reason).inc()
+        self._export()
+        return bool(outs)
+
+    def _collect(self, handles: list[StreamHandle]) -> list[torch.Tensor]:
+        audios = []
+        for h in handles:
+            parts = self._stash.pop(h.stream_id, [])
+            audios.append(torch.cat(parts) if parts else torch.zeros(0))
+            reason = self._ended.pop(h.stream_id, None)
+            if reason is not None:
+                h.finished, h.reason = True, reason
+        return audios
+
+    def _export(self) -> None:
+        self.metrics.set_active_streams(self.engine.num_streams)
+        if self.device.type == "cuda":
+            self.metrics.set_gpu_memory(
+                torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
+            )
+        c = self.engine.counters
+        now = (c.setup_groups, c.setups, c.setup_shared + c.setup_hits)
+        if now != self._setups_seen:
+            solves, streams, copied = (
+                max(0, a - b) for a, b in zip(now, self._setups_seen, strict=True)
+            )
+            self._setups_seen = now
+            self.metrics.record_setups(solves, streams, batched=True, copied=copied)
+        raw = self.engine.graph_stats()
+        counts = {
+            ("capture", "all"): int(raw.get("captures", 0)),
+            ("replay", "all"): int(raw.get("replays", 0)),
+            ("refusal", "all"): int(raw.get("refusals", 0)),
+            **{("eager", str(kind)): int(n) for kind, n in dict(raw.get("eager", {})).items()},
+        }
+        for (event, kind), value in counts.items():
+            delta = value - self._graph_seen.get((event, kind), 0)
+            if delta > 0:
+                self._graph_seen[(event, kind)] = value
+                self.metrics.graph_event(event, kind, delta)
+        budget = int(raw.get("budget", self.options.cfm_max_graphs))
+        self.metrics.set_graph_budget(int(raw.get("graphs", 0)), budget)

@@ -24,14 +24,22 @@ Names (all prefixed ``minicpm_speech_``):
 ``code2wav_eager_fallbacks_total{kind}``        counter  steps run eagerly instead
 ``code2wav_graph_budget_used``                  gauge    graphs held (livemax)
 ``code2wav_graph_budget_limit``                 gauge    the budget, ``cfm_max_graphs``
-``code2wav_chunk_duration_seconds{chunk}``      histogram  GPU time of a decode call
-``code2wav_active_streams``                     gauge    streams with state (livesum)
+``code2wav_chunk_duration_seconds{chunk}``      histogram  device time of an engine step;
+                                                           ``first`` when it began a stream
+``code2wav_forwards_total``                     counter  stage-2 steps (vLLM-Omni forwards)
+``code2wav_engine_steps_total{reason}``         counter  engine steps: ``forward`` (one per
+                                                           forward with work), ``final_window``
+                                                           (to finish a final window > 1 chunk)
+``code2wav_active_streams``                     gauge    streams in the engine (livesum)
+``code2wav_waiting_streams``                    gauge    streams waiting for a slot (livesum)
+``code2wav_slot_wait_seconds``                  histogram  from a stream's setup to its slot
 ``gpu_memory_bytes{kind}``                      gauge    torch allocator (livesum)
 =============================================  =========  ====================================
 
 ``kind`` of the graph families is ``decode``, ``setup`` or ``hift``; the batched engine counts
 captures, replays and refusals over all kinds together, under ``kind="all"`` (its eager runs
-are by kind); vLLM-Omni's CFM wrapper counts under ``decode``.
+are by kind). The ``scalar`` setup mode and the ``decode`` graph kind of those counters are
+kept for dashboards built on vLLM-Omni's own Code2Wav; the engine does not use them.
 
 ``outcome`` is one of ``ahead``, ``inline``, ``late``, ``failed``, ``abandoned``; ``detail`` is
 part 1's finer outcome (:data:`PREP_OUTCOME`): a cached voice is prepared ahead, a queue-full
@@ -68,6 +76,8 @@ GRAPH_KINDS = ("decode", "setup", "hift", "all")
 SETUP_MODES = ("batched", "scalar")
 COPIED = "copied"  # a setup_streams mode only: such a stream had no solve
 CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+WAIT_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STEP_REASONS = ("forward", "final_window")
 
 
 class RuntimeMetrics:
@@ -114,9 +124,23 @@ class RuntimeMetrics:
             f"{p}_code2wav_chunk_duration_seconds", "Device time of one Code2Wav decode call",
             ["chunk"], buckets=CHUNK_BUCKETS, **kw,
         )
+        self.forwards = Counter(
+            f"{p}_code2wav_forwards", "Stage-2 steps (vLLM-Omni forwards) planned", **kw
+        )
+        self.engine_steps = Counter(
+            f"{p}_code2wav_engine_steps", "Engine steps, by why they ran", ["reason"], **kw
+        )
         self.active_streams = Gauge(
-            f"{p}_code2wav_active_streams", "Code2Wav streams holding state",
+            f"{p}_code2wav_active_streams", "Code2Wav streams in the engine",
             multiprocess_mode="livesum", **kw,
+        )
+        self.waiting_streams = Gauge(
+            f"{p}_code2wav_waiting_streams", "Code2Wav streams waiting for an engine slot",
+            multiprocess_mode="livesum", **kw,
+        )
+        self.slot_wait_seconds = Histogram(
+            f"{p}_code2wav_slot_wait_seconds", "Time from a stream's setup to its engine slot",
+            buckets=WAIT_BUCKETS, **kw,
         )
         self.gpu_memory = Gauge(
             f"{p}_gpu_memory_bytes", "GPU memory of the torch allocator in the Code2Wav process",
@@ -137,6 +161,8 @@ class RuntimeMetrics:
                 family.labels(kind)
         for chunk in ("first", "steady"):
             self.chunk_seconds.labels(chunk)
+        for reason in STEP_REASONS:
+            self.engine_steps.labels(reason)
 
     def record_prep_counters(self, snapshot: Mapping[str, int]) -> None:
         """Add what part 1's :class:`PrepCounters` counted since the last call."""
@@ -150,11 +176,6 @@ class RuntimeMetrics:
                     self.inline_runs.inc(delta)
                 elif name in PREP_OUTCOME:
                     self.preparations.labels(*PREP_OUTCOME[name]).inc(delta)
-
-    def setup_solve(self, streams: int, batched: bool) -> None:
-        mode = "batched" if batched else "scalar"
-        self.setup_solves.labels(mode).inc()
-        self.setup_streams.labels(mode).inc(streams)
 
     def record_setups(self, solves: int, streams: int, batched: bool, copied: int = 0) -> None:
         mode = "batched" if batched else "scalar"
@@ -183,6 +204,12 @@ class RuntimeMetrics:
 
     def set_active_streams(self, n: int) -> None:
         self.active_streams.set(n)
+
+    def set_waiting_streams(self, n: int) -> None:
+        self.waiting_streams.set(n)
+
+    def observe_slot_wait(self, seconds: float) -> None:
+        self.slot_wait_seconds.observe(max(0.0, seconds))
 
     def set_gpu_memory(self, allocated: int, reserved: int) -> None:
         self.gpu_memory.labels("allocated").set(allocated)

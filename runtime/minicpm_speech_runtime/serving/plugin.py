@@ -8,18 +8,20 @@ possibly more than once)::
 :func:`register` decides from the deploy config named by ``MINICPM_SPEECH_DEPLOY_CONFIG``
 (exported by the supervisor): unless its Code2Wav connector extras say
 ``batched_code2wav: true`` it does nothing at all, and vLLM-Omni's own path runs untouched.
-When on, it wraps two methods of vLLM-Omni's ``MiniCPMO45Code2Wav`` (the way vLLM-Omni's own
+When on, it wraps three methods of vLLM-Omni's ``MiniCPMO45Code2Wav`` (the way vLLM-Omni's own
 NPU patch wraps ``_build_backend``), once per process, guarded by a marker on the class:
 
 * ``_build_backend``: after vLLM-Omni built its ``BatchedToken2Wav``, and only if this
   stage's own extras say ``batched_code2wav: true``, the backend becomes a
-  :class:`~.backend.RuntimeBackend`: part 1's ahead-of-time reference preparation, metrics,
-  and this project's batched engine (:class:`~.batched.EngineBackend`, configured from the
-  extras by :func:`~.batched.engine_config`, which refuses what it cannot honour) behind the
-  :class:`~.backend.Code2WavEngine` protocol; ``plugin.json`` is written to the control
-  directory; with ``cfm_graph_precapture`` the engine's warm-up (graph precapture) runs and
-  a stream of the model's default reference is decoded, and ``precapture.json`` reports it
-  with the engine's graph stats (``done``/``failed``/``skipped``).
+  :class:`~.backend.Code2WavBackend` on this project's engine (configured from the extras by
+  :func:`~.batched.engine_config`, which refuses what it cannot honour, with as many streams
+  as the stage's ``max_num_seqs``). vLLM-Omni's ``BatchedToken2Wav`` is let go, so the Code2Wav
+  weights are on the device once. ``plugin.json`` is written to the control directory; with
+  ``cfm_graph_precapture`` the engine's warm-up (graph precapture) runs and a stream of the
+  model's default reference is decoded, and ``precapture.json`` reports it.
+* ``_iter_decode_batches``: vLLM-Omni's split of a forward's work into decode batches, handed
+  whole to the backend's ``plan_forward`` before the first batch is decoded: one engine step
+  per forward, across every voice.
 * ``_materialize_runtime_prompt``: once vLLM-Omni has written a request's reference WAV, the
   backend's ``submit_ahead`` starts preparing it.
 """
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 CODE2WAV_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_code2wav"
 MARKER = "_minicpm_speech_runtime_patched"
+WRAPPED = ("_build_backend", "_iter_decode_batches", "_materialize_runtime_prompt")
 
 _lock = threading.Lock()
 _registered = False
@@ -95,100 +98,141 @@ def register() -> None:
 
 
 def patch_code2wav(cls: type) -> bool:
-    """Wrap the two methods of ``cls``; False when they were already wrapped."""
+    """Wrap the three methods of ``cls``; False when they were already wrapped."""
+    from .backend import Code2WavBackend
+
     with _lock:
         if getattr(cls, MARKER, False):
             return False
         original_build = cls._build_backend  # type: ignore[attr-defined]
         original_materialize = cls._materialize_runtime_prompt  # type: ignore[attr-defined]
+        original_batches = cls._iter_decode_batches  # type: ignore[attr-defined]
 
         def _build_backend(self: Any) -> None:
             original_build(self)
             install_runtime_backend(self)
 
+        def _iter_decode_batches(self: Any, buckets: Any) -> Any:
+            batches = list(original_batches(self, buckets))
+            if isinstance(self.backend, Code2WavBackend):
+                self.backend.plan_forward(batches)
+            return iter(batches)
+
         def _materialize_runtime_prompt(self: Any, ref_audio: Any, sample_rate: Any) -> Any:
             cache_key, entry = original_materialize(self, ref_audio, sample_rate)
-            backend = self.backend
-            submit = getattr(type(backend), "submit_ahead", None)
-            if submit is not None:
+            if isinstance(self.backend, Code2WavBackend):
                 try:
-                    backend.submit_ahead(entry.cache_id, entry.path)
+                    self.backend.submit_ahead(entry.cache_id, entry.path)
                 except Exception:  # preparation falls back inline at chunk 0
                     log.exception("plugin: ahead-of-time preparation not started")
             return cache_key, entry
 
         cls._build_backend = _build_backend  # type: ignore[attr-defined]
+        cls._iter_decode_batches = _iter_decode_batches  # type: ignore[attr-defined]
         cls._materialize_runtime_prompt = _materialize_runtime_prompt  # type: ignore[attr-defined]
         setattr(cls, MARKER, True)
         return True
 
 
 def install_runtime_backend(model: Any) -> Any:
-    """Put a :class:`RuntimeBackend` in front of ``model.backend`` if this stage asks for it."""
-    from .backend import RuntimeBackend, RuntimeOptions
+    """Put a :class:`Code2WavBackend` in place of ``model.backend`` if this stage asks for it."""
+    from .backend import Code2WavBackend, RuntimeOptions
 
     inner = model.backend
-    if inner is None or isinstance(inner, RuntimeBackend):
+    if inner is None or isinstance(inner, Code2WavBackend):
         return inner
-    options = RuntimeOptions.from_extras(model._extra_config())
+    extras = model._extra_config()
+    options = RuntimeOptions.from_extras(extras)
     if not options.batched_code2wav:
         return inner
-    from .metrics import runtime_metrics
-
-    extras = model._extra_config()
     device = inner.speech_window.device
     control = control_dir_from_env()
     try:
-        engine, models = build_engine(model, extras, device, inner)
+        backend = build_backend(model, extras, options, device)
     except Exception as exc:
         if control is not None:
             write_json(control, PRECAPTURE_FILE, {
                 "state": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]})
         raise
-    backend = RuntimeBackend(
-        engine=engine,
-        options=options,
-        prep=_voice_prep(model, models.tokenizer, options, device),
-        make_features=_features_factory(),
-        inline_prepare=inner.prepare_prompt,
-        metrics=runtime_metrics(),
-        device=device,
-        streams=lambda: engine.num_streams,
-    )
+    weights = {
+        "vllm_omni_freed": module_bytes(inner, device),
+        "engine": module_bytes(backend.engine.runner.flow, device)
+        + module_bytes(backend.engine.runner.vocoder.hift, device),
+    }
     _replace_backend(model, backend)
+    del inner
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
     if control is not None:
-        write_json(control, PLUGIN_FILE, {"pid": os.getpid(), "options": options.as_dict()})
+        write_json(control, PLUGIN_FILE, {
+            "pid": os.getpid(),
+            "options": options.as_dict(),
+            "max_streams": backend.engine.config.max_streams,
+            "weight_bytes": weights,
+        })
     _precapture(model, backend, options, control)
     return backend
+
+
+def module_bytes(module: Any, device: Any) -> int:
+    """Bytes of a module's parameters and buffers that live on ``device``."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors if t.device == device)
 
 
 def _replace_backend(model: Any, backend: Any) -> None:
     # MiniCPMO45Code2Wav is an nn.Module and its BatchedToken2Wav a registered child module:
     # nn.Module refuses a plain object under a child's name until the child is unregistered.
-    # The inner backend stays reachable through ``backend`` (inline preparation, fallback
-    # attributes); vLLM's loader audit counted the model's parameters before this build.
+    # Nothing keeps vLLM-Omni's backend afterwards, so its weights are freed; vLLM's loader
+    # audit counted the model's parameters before this build.
     modules = getattr(model, "_modules", None)
     if isinstance(modules, dict) and "backend" in modules:
         delattr(model, "backend")
     model.backend = backend
 
 
-def build_engine(
-    model: Any, extras: dict[str, Any], device: Any, inner: Any = None
-) -> tuple[Any, Any]:
-    """This project's batched engine on the stage's checkpoint; refuses unsupported extras.
+def stage_max_num_seqs(model: Any) -> int | None:
+    """Stage 2's ``max_num_seqs`` from the vLLM config the model was built with."""
+    scheduler = getattr(getattr(model, "vllm_config", None), "scheduler_config", None)
+    value = getattr(scheduler, "max_num_seqs", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
 
-    The engine loads its own copy of the Code2Wav weights from ``<model>/assets/token2wav``
-    (vLLM-Omni's ``BatchedToken2Wav`` keeps its copy; nothing of it is driven any more).
-    TF32 follows ``token2wav_allow_tf32`` (the engine sets it on CUDA).
-    """
+
+def build_backend(model: Any, extras: dict[str, Any], options: Any, device: Any) -> Any:
+    """This project's engine on the stage's checkpoint behind a :class:`Code2WavBackend`;
+    refuses unsupported extras. The engine loads the Code2Wav weights from
+    ``<model>/assets/token2wav``; TF32 follows ``token2wav_allow_tf32``."""
     from ..assets import load_code2wav
     from ..engine import Code2WavEngine
-    from .batched import EngineBackend, engine_config
+    from ..host import prepare_host
+    from .backend import Code2WavBackend
+    from .batched import engine_config
+    from .metrics import runtime_metrics
 
-    config = engine_config(extras, device)
-    models = load_code2wav(Path(model.model_path) / "assets" / "token2wav", device)
-    return EngineBackend(Code2WavEngine(models, config), device, inner), models
+    config = engine_config(extras, device, max_streams=stage_max_num_seqs(model))
+    folder = Path(model.model_path) / "assets" / "token2wav"
+    models = load_code2wav(folder, device)
+    half = _device_half(folder, models.tokenizer, options, device)
+    make_features = _features_factory()
+
+    def inline_prepare(prompt_cache_id: str, prompt_wav: str) -> Any:
+        voice = half.run(prepare_host(Path(prompt_wav).read_bytes(), models.up_rate))
+        return make_features((prompt_cache_id, prompt_wav), voice)
+
+    prep = None
+    if options.reference_prep_workers > 0:
+        from ..prep import PrepConfig, VoicePrep
+
+        prep = VoicePrep(half, PrepConfig(
+            workers=options.reference_prep_workers,
+            cache_size=max(1, options.reference_cache_size),
+        ))
+    return Code2WavBackend(
+        Code2WavEngine(models, config), options, runtime_metrics(), device, make_features,
+        inline_prepare, prep,
+    )
 
 
 def _features_factory() -> Any:
@@ -205,26 +249,17 @@ def _features_factory() -> Any:
     return make
 
 
-def _voice_prep(model: Any, tokenizer: Any, options: Any, device: Any) -> Any:
-    if options.reference_prep_workers <= 0:
-        return None
+def _device_half(folder: Path, tokenizer: Any, options: Any, device: Any) -> Any:
     from ..campplus import load_campplus_onnx
     from ..device import DeviceHalf
-    from ..prep import PrepConfig, VoicePrep
     from ..speaker import make_speaker
     from .backend import CAMPPLUS_BACKENDS
 
-    onnx_path = Path(model.model_path) / "assets" / "token2wav" / "campplus.onnx"
+    onnx_path = folder / "campplus.onnx"
     name = CAMPPLUS_BACKENDS[options.campplus_backend]
     module = load_campplus_onnx(onnx_path) if name == "torch" else None
     speaker = make_speaker(name, module, onnx_path, device)  # type: ignore[arg-type]
-    return VoicePrep(
-        DeviceHalf(tokenizer, speaker, device),
-        PrepConfig(
-            workers=options.reference_prep_workers,
-            cache_size=max(1, options.reference_cache_size),
-        ),
-    )
+    return DeviceHalf(tokenizer, speaker, device)
 
 
 def _precapture(model: Any, backend: Any, options: Any, control: Path | None) -> None:
