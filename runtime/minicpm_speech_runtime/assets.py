@@ -219,3 +219,20 @@ def load_code2wav(folder: str | Path, device: str | torch.device = "cpu") -> Cod
         device=dev,
         **{name: module.to(dev).eval() for name, module in parts.items()},
     )
+
+
+REFERENCE_STREAM_CACHES = ("att_cache_buffer", "cnn_cache_buffer")
+
+
+def drop_reference_stream_caches(flow: nn.Module) -> int:
+    """Free the streaming caches the reference's CFM and DiT allocate at construction (one fixed
+    buffer each, 2.1 GB at the released shapes); the batched engine keeps its own caches and
+    never reads them. Returns the bytes freed. Only for a flow the reference will not stream."""
+    freed = 0
+    for module in (flow.decoder, flow.decoder.estimator):
+        for name in REFERENCE_STREAM_CACHES:
+            buf = module._buffers.get(name)
+            if buf is not None and buf.numel():
+                freed += buf.numel() * buf.element_size()
+                module._buffers[name] = buf.new_zeros(0)
+    return freed

@@ -223,7 +223,14 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     written = control.read_json(tmp_path / "control", control.PLUGIN_FILE)
     assert written is not None and written["options"]["micro_batch_size"] == 2
     assert written["max_streams"] == 6  # the stage's max_num_seqs
-    assert written["weight_bytes"]["engine"] > 0
+    # the engine's flow and HiFT, without the reference's own streaming caches
+    flow = backend.engine.runner.flow
+    assert written["weight_bytes"]["engine"] == sum(
+        t.numel() * t.element_size()
+        for m in (flow, backend.engine.runner.vocoder.hift)
+        for t in (*m.parameters(), *m.buffers()))
+    assert flow.decoder.att_cache_buffer.numel() == 0
+    assert flow.decoder.estimator.att_cache_buffer.numel() == 0
     pre = control.read_json(tmp_path / "control", control.PRECAPTURE_FILE)
     assert pre is not None and pre["state"] == "done"
     # Setup and decode run on this project's batched engine, configured from the extras;

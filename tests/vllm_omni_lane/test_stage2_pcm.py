@@ -23,6 +23,15 @@ pytest.importorskip(
     "vllm_omni", reason="vLLM-Omni is not installed here; `make test-vllm-omni` runs this lane"
 )
 from minicpm_speech_runtime.bench.parity import TOL, drain, engine, utterance
+from minicpm_speech_runtime.bench.stage2 import (
+    CONNECTOR,
+    SILENCE,
+    Request,
+    Stage2,
+    build_code2wav,
+    cfm_noise,
+    fixed_vocoder_noise,
+)
 from minicpm_speech_runtime.device import DeviceHalf, PreparedVoice
 from minicpm_speech_runtime.host import prepare_host
 from minicpm_speech_runtime.serving.backend import Code2WavBackend
@@ -31,16 +40,6 @@ from minicpm_speech_runtime.speaker import make_speaker
 from minicpm_speech_runtime.synth import voice_like
 from vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav import (
     BatchedToken2Wav,
-)
-
-from tests.vllm_omni_lane.stage2 import (
-    CONNECTOR,
-    SILENCE,
-    Request,
-    Stage2,
-    build_code2wav,
-    cfm_noise,
-    fixed_vocoder_noise,
 )
 
 # Each test builds vLLM-Omni's model and this project's (two speech tokenizers at released

@@ -154,10 +154,10 @@ def install_runtime_backend(model: Any) -> Any:
             write_json(control, PRECAPTURE_FILE, {
                 "state": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]})
         raise
+    runner = backend.engine.runner
     weights = {
         "vllm_omni_freed": module_bytes(inner, device),
-        "engine": module_bytes(backend.engine.runner.flow, device)
-        + module_bytes(backend.engine.runner.vocoder.hift, device),
+        "engine": module_bytes(runner.flow, device) + module_bytes(runner.vocoder.hift, device),
     }
     _replace_backend(model, backend)
     del inner
@@ -204,7 +204,7 @@ def build_backend(model: Any, extras: dict[str, Any], options: Any, device: Any)
     """This project's engine on the stage's checkpoint behind a :class:`Code2WavBackend`;
     refuses unsupported extras. The engine loads the Code2Wav weights from
     ``<model>/assets/token2wav``; TF32 follows ``token2wav_allow_tf32``."""
-    from ..assets import load_code2wav
+    from ..assets import drop_reference_stream_caches, load_code2wav
     from ..engine import Code2WavEngine
     from ..host import prepare_host
     from .backend import Code2WavBackend
@@ -214,6 +214,7 @@ def build_backend(model: Any, extras: dict[str, Any], options: Any, device: Any)
     config = engine_config(extras, device, max_streams=stage_max_num_seqs(model))
     folder = Path(model.model_path) / "assets" / "token2wav"
     models = load_code2wav(folder, device)
+    drop_reference_stream_caches(models.flow)
     half = _device_half(folder, models.tokenizer, options, device)
     make_features = _features_factory()
 

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 import vllm_omni.model_executor.models.cosyvoice3.code2wav_core.hifigan as omni_hifigan
-from minicpm_speech_runtime.bench.parity import _FixedNoiseTorch, fixed_nsf_noise
 from vllm_omni.data_entry_keys import MetaStruct, OmniPayloadStruct, to_dict
 from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter import (
     OmniChunkTransferAdapter,
@@ -34,6 +33,8 @@ from vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_code2wav import M
 from vllm_omni.model_executor.stage_input_processors.minicpmo_4_5_omni import (
     tts2code2wav_async_chunk,
 )
+
+from .parity import _FixedNoiseTorch, fixed_nsf_noise
 
 SILENCE = 4218  # the codes vLLM-Omni's connector puts before a stream's first window
 CONNECTOR = {"codec_chunk_frames": 25, "codec_left_context_frames": 3}

@@ -1,0 +1,415 @@
+"""The served path on one device: vLLM-Omni 0.30.0's own stage-2 model, ``MiniCPMO45Code2Wav``
+(the class from its wheel, built by its own ``load_weights``), driven the way its generation
+runner drives it, with this project's plugin on; vLLM-Omni's own backend (plugin off); and this
+project's engine driven directly (``engine_bench.run_engine``). All three in one run.
+
+For each concurrency C: C streams, each a distinct cold voice (its own reference waveform of
+3-10 s, written and prepared by vLLM-Omni's path when its first window comes) and 250 tokens,
+handed over by vLLM-Omni's stage-1 hook (``tts2code2wav_async_chunk``) 25 tokens per step, so
+every window is 3 + 25 tokens; every live request's window goes into one ``forward`` per step,
+and a finished stream is replaced at once (closed loop). Streams ramp up at most C/10 per step
+until C are live, then run one more utterance; then the measured window. Figures: audio-s/s,
+first audio (first hand-over to first non-empty output) p50/p95, engine steps per forward (plugin
+on, from the engine's own counter), peak memory, the device memory the built model holds before
+any stream (``model_gib``: its weights and what its build allocated), and what the plugin's
+``plugin.json`` says of the weights it let go and holds.
+
+Where ``vllm`` cannot be installed (the GPU machine), :mod:`.vllm_stand_ins` stands in for the
+names stage-2 code imports; the JSON lists every one that was used.
+
+Usage (one GPU; wheels of vllm-omni, s3tokenizer, HyperPyYAML, ruamel.yaml, soundfile and
+stepaudio2-minicpmo carried)::
+
+    python -m minicpm_speech_runtime.bench.served_bench --generate real \
+        --campplus-onnx .bench-assets/campplus.onnx --conc 1,8,32,64 --own-conc 1,8,32 \
+        --git-rev "$(git rev-parse --short HEAD)" --json runtime/bench-results/served-h200.json \
+        --png runtime/bench-results/served-h200.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from . import vllm_stand_ins
+
+STAND_INS = vllm_stand_ins.install()
+
+from ..checkpoint import REAL, TINY, write_random_checkpoint  # noqa: E402
+from ..synth import voice_like, wav_bytes  # noqa: E402
+from .engine_bench import (  # noqa: E402
+    PIECE,
+    SR,
+    UTT_TOKENS,
+    _pct,
+    _peak_gib,
+    _reset_peak,
+    _save,
+    _stage,
+    _sync,
+    bench_voices,
+    matmul_peak,
+    run_engine,
+)
+from .parity import utterance  # noqa: E402
+
+# The Code2Wav connector extras of profiles/high-concurrency.yaml; stage 2's max_num_seqs is
+# set to each C so that no stream waits for a slot.
+SERVED_EXTRAS: dict[str, Any] = {
+    "batched_code2wav": True,
+    "micro_batch_size": 8,
+    "cfm_graph_precapture": True,
+    "cfm_max_graphs": 64,
+    "token2wav_allow_tf32": True,
+    "token2wav_float16": False,
+    "campplus_backend": "cuda",
+    "reference_prep_workers": 4,
+    "reference_cache_size": 32,
+}
+# vLLM-Omni's own Code2Wav with its CFM and HiFT graphs on, as its shipped config runs it.
+OWN_EXTRAS: dict[str, Any] = {
+    "enable_cfm_graph": True,
+    "enable_hift_graph": True,
+    "token2wav_allow_tf32": True,
+}
+CONNECTOR = {"codec_chunk_frames": 25, "codec_left_context_frames": 3}
+
+
+@dataclasses.dataclass
+class _Stream:
+    tokens: list[int]
+    ref: np.ndarray
+    sent: int = 0
+    started: float = 0.0
+    heard: bool = False
+
+
+class ServedLoop:
+    """The closed-loop client of one stage-2 model: C live requests, 25 tokens each per step,
+    every request with a new window in one ``forward``."""
+
+    def __init__(self, model: Any, extras: dict[str, Any], seconds: list[float]) -> None:
+        from .stage2 import Request, Stage2
+
+        self.stage = Stage2(model, {**CONNECTOR, **extras})
+        self.request = Request
+        self.seconds = seconds
+        self.live: dict[str, _Stream] = {}
+        self.next = 0
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.first: list[float] = []
+        self.samples = 0
+        self.forwards: list[int | None] = []
+
+    def _start(self) -> None:
+        i = self.next
+        self.next += 1
+        rid = f"req-{i}"
+        ref = voice_like(self.seconds[i % len(self.seconds)], SR, seed=10_000 + i)  # cold
+        stream = _Stream(utterance(UTT_TOKENS, i), ref)
+        self.stage.add(self.request(rid, stream.tokens, ref, SR))
+        self.live[rid] = stream
+
+    def step(self, conc: int, ramp: int | None = None) -> None:
+        room = conc - len(self.live)
+        for _ in range(room if ramp is None else min(room, ramp)):
+            self._start()
+        ready, finished = [], []
+        now = time.perf_counter()
+        for rid, s in self.live.items():
+            piece = s.tokens[s.sent : s.sent + PIECE]
+            s.sent += len(piece)
+            last = s.sent >= len(s.tokens)
+            if not s.started:
+                s.started = now
+            if self.stage.emit(rid, piece, last):
+                ready.append(rid)
+            if last:
+                finished.append(rid)
+        if ready:
+            self.stage.step(ready)
+            _sync()
+            self.forwards.append(self.stage.forwards[-1][1])
+        now = time.perf_counter()
+        for rid in ready:
+            audio = self.stage.pcm[rid][-1]
+            n = int(audio.numel())
+            self.samples += n
+            s = self.live[rid]
+            if n and not s.heard:
+                s.heard = True
+                self.first.append(now - s.started)
+        for rid in finished:
+            self.live.pop(rid)
+            self.stage.pcm.pop(rid, None)
+
+    def run(self, conc: int, seconds: float, min_steps: int = 0, ramp: int | None = None) -> None:
+        end, steps = time.perf_counter() + seconds, 0
+        while time.perf_counter() < end or steps < min_steps:
+            steps += 1
+            if len(self.live) == conc:
+                ramp = None
+            self.step(conc, ramp)
+
+    def drain(self) -> None:
+        """Let every live request go, as an aborting client does."""
+        self.stage.model.on_requests_finished(set(self.live))
+        self.live.clear()
+
+
+def build_model(folder: Path, extras: dict[str, Any], max_num_seqs: int) -> tuple[Any, float]:
+    """vLLM-Omni's model on ``folder`` and the device memory it holds once built (GiB)."""
+    from .stage2 import build_code2wav
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    model = build_code2wav(folder, {**CONNECTOR, **extras}, max_num_seqs=max_num_seqs)
+    _sync()
+    held = (torch.cuda.memory_allocated() - base) if torch.cuda.is_available() else 0
+    return model, held / 2**30
+
+
+def run_served(
+    folder: Path, extras: dict[str, Any], conc: int, window: float, seconds: list[float],
+    control: Path,
+) -> dict[str, Any]:
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    model, model_gib = build_model(folder, extras, max_num_seqs=conc)
+    plugin = _read_json(control / "plugin.json") if extras.get("batched_code2wav") else None
+    precapture = _read_json(control / "precapture.json") if plugin else None
+    loop = ServedLoop(model, extras, seconds)
+    loop.run(conc, seconds=2.0, min_steps=22, ramp=-(-conc // 10))
+    _reset_peak()
+    loop.reset_stats()
+    t0 = time.perf_counter()
+    loop.run(conc, seconds=window)
+    wall = time.perf_counter() - t0
+    steps = [n for n in loop.forwards if n is not None]
+    res: dict[str, Any] = {
+        "audio_s_per_s": loop.samples / SR / wall,
+        "first_audio_p50_ms": _ms(_pct(loop.first, 50)),
+        "first_audio_p95_ms": _ms(_pct(loop.first, 95)),
+        "first_audio_samples": len(loop.first),
+        "forwards": len(loop.forwards),
+        "engine_steps_per_forward": float(np.mean(steps)) if steps else None,
+        "engine_steps_per_forward_max": max(steps) if steps else None,
+        "peak_mem_gib": _peak_gib(),
+        "model_gib": model_gib,
+        "window_s": wall,
+        "backend": type(model.backend).__name__,
+    }
+    if plugin is not None:
+        res["plugin_weight_bytes"] = plugin.get("weight_bytes")
+        res["max_streams"] = plugin.get("max_streams")
+        res["precapture_state"] = (precapture or {}).get("state")
+        res["graphs"] = model.backend.engine.graph_stats()
+    loop.drain()
+    close = getattr(model.backend, "close", None)
+    if callable(close):
+        close()
+    del loop, model
+    return res
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def model_folder(workdir: Path, generate: str, campplus_onnx: Path | None) -> Path:
+    """A MiniCPM-o 4.5 model folder as stage 2 reads it: random Code2Wav weights under
+    ``assets/token2wav`` and a default prompt."""
+    root = workdir / "model"
+    # vLLM-Omni builds the speech tokenizer itself, at the released size, whatever the flow's
+    dims = REAL if generate == "real" else dataclasses.replace(
+        TINY, tokenizer_width=REAL.tokenizer_width, tokenizer_layers=REAL.tokenizer_layers)
+    write_random_checkpoint(root / "assets" / "token2wav", dims, 0, campplus_onnx)
+    (root / "assets" / "HT_ref_audio.wav").write_bytes(wav_bytes(3.0, SR, seed=7))
+    # flow.yaml names its classes ``cosyvoice2.*``; vLLM-Omni 0.30.0 neither ships nor
+    # registers that module, and the reference package provides it as an alias.
+    from stepaudio2.token2wav import _setup_cosyvoice2_alias
+
+    _setup_cosyvoice2_alias()
+    return root
+
+
+def register_plugin(workdir: Path) -> Path:
+    """The plugin registered in this process, as the supervisor's environment makes it; returns
+    the control directory it writes."""
+    from ..serving import plugin
+    from ..serving.control import CONTROL_DIR_ENV, DEPLOY_CONFIG_ENV
+
+    deploy = workdir / "deploy.yaml"
+    deploy.write_text(yaml.safe_dump(
+        {"connectors": {"connector_of_shared_memory": {"extra": SERVED_EXTRAS}}}))
+    control = workdir / "control"
+    os.environ[DEPLOY_CONFIG_ENV] = str(deploy)
+    os.environ[CONTROL_DIR_ENV] = str(control)
+    plugin.register()
+    return control
+
+
+def engine_direct(
+    res: dict[str, Any], folder: Path, concs: list[int], window: float, peak: float,
+    voices: int, out: Path,
+) -> None:
+    """This project's engine on the same weights, driven directly (prepared voices)."""
+    from ..assets import load_code2wav
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    models = load_code2wav(folder / "assets" / "token2wav", dev)
+    prepared = bench_voices(models, voices)
+    for c in concs:
+        _stage(res["engine"], str(c),
+               lambda c=c: run_engine(models, prepared, c, window, peak, True, True))
+        _save(res, out)
+
+
+def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per C: the three paths side by side."""
+    out = []
+    cs = sorted({int(c) for who in ("served", "engine", "vllm_omni") for c in res.get(who, {})})
+    for c in cs:
+        served, engine, own = (res.get(w, {}).get(str(c), {}) for w in
+                               ("served", "engine", "vllm_omni"))
+        weights = served.get("plugin_weight_bytes") or {}
+        out.append({
+            "concurrency": c,
+            "served_audio_s_per_s": served.get("audio_s_per_s"),
+            "engine_audio_s_per_s": engine.get("audio_s_per_s"),
+            "vllm_omni_audio_s_per_s": own.get("audio_s_per_s"),
+            "engine_steps_per_forward": served.get("engine_steps_per_forward"),
+            "first_audio_p95_ms": served.get("first_audio_p95_ms"),
+            "peak_mem_gib": served.get("peak_mem_gib"),
+            "code2wav_weight_gib": (weights["engine"] / 2**30) if "engine" in weights else None,
+            "vllm_omni_weights_freed_gib": (weights["vllm_omni_freed"] / 2**30)
+            if "vllm_omni_freed" in weights else None,
+            "served_model_gib": served.get("model_gib"),
+            "vllm_omni_model_gib": own.get("model_gib"),
+        })
+    return out
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    table = res["rows"]
+    for key, label in (("served_audio_s_per_s", "served (plugin on)"),
+                       ("engine_audio_s_per_s", "engine driven directly"),
+                       ("vllm_omni_audio_s_per_s", "vLLM-Omni's own backend")):
+        pts = [(r["concurrency"], r[key]) for r in table if r.get(key)]
+        if pts:
+            ax[0].plot(*zip(*pts, strict=True), "o-", label=label)
+    for who, label in (("served", "served (plugin on)"), ("vllm_omni", "vLLM-Omni's own")):
+        pts = [(int(c), r["first_audio_p95_ms"]) for c, r in res.get(who, {}).items()
+               if isinstance(r, dict) and r.get("first_audio_p95_ms")]
+        if pts:
+            ax[1].plot(*zip(*sorted(pts), strict=True), "o-", label=label)
+    for a, title in zip(ax, ("audio-s per s", "first audio p95 (ms)"), strict=True):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("concurrent streams (distinct voices)")
+        a.set_title(title)
+        a.legend()
+    fig.suptitle(f"Code2Wav through vLLM-Omni's stage 2, {res.get('device')}, {res.get('date')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--generate", choices=["tiny", "real"], default="real")
+    p.add_argument("--campplus-onnx", type=Path)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/served-bench"))
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--png", type=Path)
+    p.add_argument("--git-rev", default="unknown")
+    p.add_argument("--conc", default="1,8,32,64", help="plugin on and engine direct")
+    p.add_argument("--own-conc", default="1,8,32", help="vLLM-Omni's own backend")
+    p.add_argument("--window", type=float, default=8.0)
+    p.add_argument("--voices", type=int, default=16, help="engine direct's prepared voices")
+    a = p.parse_args()
+    res: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_revision": a.git_rev,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available()
+        else platform.processor(),
+        "command": "python -m minicpm_speech_runtime.bench.served_bench "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None),
+        "served_extras": SERVED_EXTRAS,
+        "vllm_omni_extras": OWN_EXTRAS,
+    }
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    folder = model_folder(a.workdir, a.generate, a.campplus_onnx)
+    control = register_plugin(a.workdir)
+    seconds = [float(s) for s in np.random.default_rng(0).uniform(3.0, 10.0, 64)]
+    if torch.cuda.is_available():  # the engine's roofline figures divide by it
+        _stage(res, "matmul_peak", matmul_peak)
+    peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
+    res["served"], res["engine"], res["vllm_omni"] = {}, {}, {}
+    concs = [int(x) for x in a.conc.split(",") if x]
+    for c in concs:
+        _stage(res["served"], str(c),
+               lambda c=c: run_served(folder, SERVED_EXTRAS, c, a.window, seconds, control))
+        _save(res, a.json)
+    engine_direct(res, folder, concs, a.window, peak, a.voices, a.json)
+    for c in [int(x) for x in a.own_conc.split(",") if x]:
+        _stage(res["vllm_omni"], str(c),
+               lambda c=c: run_served(folder, OWN_EXTRAS, c, a.window, seconds, control))
+        _save(res, a.json)
+    res["rows"] = rows(res)
+    res["vllm_stand_ins"] = vllm_stand_ins.used() if STAND_INS else []
+    _save(res, a.json)
+    if a.png:
+        _stage(res, "plot", lambda: plot(res, a.png) or {})
+        _save(res, a.json)
+    _table(res)
+
+
+def _table(res: dict[str, Any]) -> None:
+    keys = ("served_audio_s_per_s", "engine_audio_s_per_s", "vllm_omni_audio_s_per_s",
+            "engine_steps_per_forward", "first_audio_p95_ms", "peak_mem_gib",
+            "code2wav_weight_gib", "vllm_omni_weights_freed_gib")
+    print(f"{'C':>4} " + " ".join(f"{k:>28}" for k in keys))
+    for r in res["rows"]:
+        print(f"{r['concurrency']:>4} " + " ".join(f"{_fmt(r.get(k)):>28}" for k in keys))
+    for who in ("served", "engine", "vllm_omni"):
+        for c, r in res.get(who, {}).items():
+            if isinstance(r, dict) and "error" in r:
+                print(f"{who} C{c} ERROR {r['error'][:300]}")
+    print("stand-ins:", ", ".join(res.get("vllm_stand_ins", [])) or "none (vllm installed)")
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+if __name__ == "__main__":
+    main()
