@@ -416,13 +416,19 @@ def plot(results: dict[str, Any], path: Path) -> None:
         )
         ax[0].plot(cs, [rows[str(c)]["audio_s_per_s"] for c in cs], "o-", label=name)
         ax[1].plot(cs, [rows[str(c)]["first_audio_p95_ms"] or np.nan for c in cs], "o-", label=name)
-    for a, title in zip(ax, ("audio-s per s", "first audio p95 (ms)"), strict=True):
+    finish_plot(fig, ax, f"Code2Wav engine vs reference, {results.get('device')}, "
+                f"{results.get('date')}", path)
+
+
+def finish_plot(fig: Any, ax: Any, title: str, path: Path) -> None:
+    """Both panels (audio-s/s and first audio p95 against C, log-log), titled and saved."""
+    for a, name in zip(ax, ("audio-s per s", "first audio p95 (ms)"), strict=True):
         a.set_xscale("log", base=2)
         a.set_yscale("log")
         a.set_xlabel("concurrent streams (distinct voices)")
-        a.set_title(title)
+        a.set_title(name)
         a.legend()
-    fig.suptitle(f"Code2Wav engine vs reference, {results.get('device')}, {results.get('date')}")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

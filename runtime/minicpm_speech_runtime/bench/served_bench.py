@@ -60,6 +60,7 @@ from .engine_bench import (  # noqa: E402
     _stage,
     _sync,
     bench_voices,
+    finish_plot,
     matmul_peak,
     run_engine,
 )
@@ -331,15 +332,8 @@ def plot(res: dict[str, Any], path: Path) -> None:
                if isinstance(r, dict) and r.get("first_audio_p95_ms")]
         if pts:
             ax[1].plot(*zip(*sorted(pts), strict=True), "o-", label=label)
-    for a, title in zip(ax, ("audio-s per s", "first audio p95 (ms)"), strict=True):
-        a.set_xscale("log", base=2)
-        a.set_yscale("log")
-        a.set_xlabel("concurrent streams (distinct voices)")
-        a.set_title(title)
-        a.legend()
-    fig.suptitle(f"Code2Wav through vLLM-Omni's stage 2, {res.get('device')}, {res.get('date')}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish_plot(fig, ax, f"Code2Wav through vLLM-Omni's stage 2, {res.get('device')}, "
+                f"{res.get('date')}", path)
 
 
 def main() -> None:
