@@ -39,6 +39,20 @@ def test_chunks_keep_lookahead_until_last() -> None:
     assert last is not None and last.last and len(last.tokens) == 10
 
 
+def test_a_last_remainder_of_one_chunk_and_its_lookahead_is_one_chunk() -> None:
+    """A final window of 25 new tokens leaves 25 + 3 once the last token came: one last chunk,
+    so the step that gets that window finishes the stream; one token more takes two."""
+    for total, sizes in ((53, [28, 28]), (54, [28, 28, 4])):
+        s = _stream(0)
+        s.push(list(range(total)), True, 0.0)
+        got = []
+        while (c := s.ready_chunk()) is not None:
+            got.append((len(c.tokens), c.last))
+            s.consume(c)
+        assert [n for n, _ in got] == sizes, total
+        assert [last for _, last in got] == [False] * (len(sizes) - 1) + [True], total
+
+
 def test_bad_token_and_empty_end_the_stream() -> None:
     assert _stream(0).push([1, 6561], False, 0.0) is EndReason.BAD_TOKEN
     assert _stream(1).push([-1], False, 0.0) is EndReason.BAD_TOKEN

@@ -390,7 +390,7 @@ def _ref_chunk(driver: ReferenceDriver, loop: Loop, live: dict[int, list[int]], 
         wav = driver.stream(sid, buf[:28], False)
         del buf[:25]
     elif last:
-        while len(buf) >= 28:
+        while len(buf) > 28:
             loop.got(sid, driver.stream(sid, buf[:28], False).shape[0])
             del buf[:25]
         wav = driver.stream(sid, buf, True)

@@ -85,10 +85,11 @@ def utterance(n: int, seed: int) -> list[int]:
 def reference_chunks(
     driver: Any, sid: Any, voice: PreparedVoice, tokens: list[int]
 ) -> list[np.ndarray]:
-    """The reference's streaming of one whole utterance: 25 + 3 lookahead per chunk."""
+    """The reference's streaming of one whole utterance: 25 + 3 lookahead per chunk, the last
+    chunk the remainder (up to 25 + 3), as the engine chunks it."""
     driver.add(sid, voice)
     out = []
-    while len(tokens) >= 28:
+    while len(tokens) > 28:
         out.append(driver.stream(sid, tokens[:28], False))
         tokens = tokens[25:]
     out.append(driver.stream(sid, tokens, True))

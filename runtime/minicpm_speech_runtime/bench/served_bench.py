@@ -104,7 +104,8 @@ class ServedLoop:
     def __init__(self, model: Any, extras: dict[str, Any], seconds: list[float]) -> None:
         from .stage2 import Request, Stage2
 
-        self.stage = Stage2(model, {**CONNECTOR, **extras})
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.stage = Stage2(model, {**CONNECTOR, **extras}, device)
         self.request = Request
         self.seconds = seconds
         self.live: dict[str, _Stream] = {}

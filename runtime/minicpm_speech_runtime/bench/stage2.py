@@ -94,8 +94,11 @@ class Request:
 class Stage2:
     """Stage 1's connector hook, the in-process transport, and Stage 2's steps around a model."""
 
-    def __init__(self, model: MiniCPMO45Code2Wav, extras: Mapping[str, Any]) -> None:
+    def __init__(
+        self, model: MiniCPMO45Code2Wav, extras: Mapping[str, Any], device: str = "cpu"
+    ) -> None:
         self.model = model
+        self.device = torch.device(device)  # where the runner puts a step's input_ids
         self.sender = SimpleNamespace(
             connector=SimpleNamespace(config={"extra": dict(extras)}), request_payload={}
         )
@@ -180,7 +183,7 @@ class Stage2:
         engine = getattr(self.model.backend, "engine", None)
         before = engine.counters.steps if engine is not None else None
         out = self.model.forward(
-            input_ids=torch.cat(ids),
+            input_ids=torch.cat(ids).to(self.device),
             positions=None,
             runtime_additional_information=infos,
             seq_token_counts=[len(i) for i in ids],

@@ -110,11 +110,15 @@ class StreamState:
         return None
 
     def ready_chunk(self) -> Chunk | None:
-        """The next chunk if its tokens are all here (25 + 3 lookahead, or the remainder)."""
-        if len(self.tokens) >= CHUNK_TOKENS + LOOKAHEAD_TOKENS:
-            return Chunk(self.tokens[: CHUNK_TOKENS + LOOKAHEAD_TOKENS], False)
-        if self.got_last and self.tokens:
+        """The next chunk if its tokens are all here: 25 and 3 of lookahead, or, once the last
+        token came, a remainder of at most that many as the last chunk. (A remainder of exactly
+        25 + 3 is one chunk: nothing follows that its lookahead would serve, and a final window
+        of one chunk then takes one step.)"""
+        n = len(self.tokens)
+        if self.got_last and 0 < n <= CHUNK_TOKENS + LOOKAHEAD_TOKENS:
             return Chunk(list(self.tokens), True)
+        if n >= CHUNK_TOKENS + LOOKAHEAD_TOKENS:
+            return Chunk(self.tokens[: CHUNK_TOKENS + LOOKAHEAD_TOKENS], False)
         return None
 
     def consume(self, chunk: Chunk) -> None:
