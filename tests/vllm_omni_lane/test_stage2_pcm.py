@@ -87,20 +87,28 @@ class Code2WavPath:
 
 
 def engine_direct(
-    models: Any, noise: torch.Tensor, streams: Sequence[tuple[str, PreparedVoice, list[int]]]
+    models: Any,
+    noise: torch.Tensor,
+    streams: Sequence[tuple[str, PreparedVoice, list[int]]],
+    finish_with_last: bool = False,
 ) -> dict[str, np.ndarray]:
     """This project's engine on whole utterances: the token stream vLLM-Omni's windows carry
-    (three silence codes, then the utterance), cut into its own 25-token chunks."""
+    (three silence codes, then the utterance), cut into its own chunks. The finish comes as it
+    does in ``Stage2.run``: after the last token, once the chunks it completed are decoded, or
+    with ``finish_with_last`` together with it."""
     models.flow.decoder.rand_noise.copy_(noise)
     eng = engine(models, max_prompt_frames=300)
     for sid, voice, tokens in streams:
         eng.add_stream(sid, voice)
-        eng.push_tokens(sid, [SILENCE] * 3 + tokens, last=True)
+        eng.push_tokens(sid, [SILENCE] * 3 + tokens, last=finish_with_last)
+    unfinished = set() if finish_with_last else {sid for sid, *_ in streams}
     got: dict[Any, list[np.ndarray]] = {}
     reasons: dict[Any, str] = {}
     with fixed_vocoder_noise():
         for _ in drain(eng, got, reasons):
-            pass
+            for sid in [s for s in unfinished if not eng.has_output(s)]:
+                eng.push_tokens(sid, [], last=True)
+                unfinished.discard(sid)
     assert set(reasons.values()) == {"done"}
     return {sid: np.concatenate(got[sid]) for sid, *_ in streams}
 
@@ -211,7 +219,7 @@ def test_a_final_window_longer_than_a_chunk_is_decoded_in_chunks(
     for request in requests:
         features = own.model.backend.prepare_prompt(*own.reference(request))
         streams.append((request.rid, voice_from_features(features, CPU), request.tokens))
-    assert_close(our_pcm, engine_direct(our_models, noise, streams))
+    assert_close(our_pcm, engine_direct(our_models, noise, streams, finish_with_last=True))
     for request in requests:
         rid = request.rid
         before_last = sum(len(p) for p in theirs.pcm[rid][:-1])
