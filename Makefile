@@ -17,7 +17,7 @@ VO_BIN := $(VO_VENV)/bin
 VO_REQUIREMENTS := 'torch===2.13.0' 'vllm==0.30.0' 'vllm-omni==0.30.0' \
 	'stepaudio2-minicpmo==0.1.1' 's3tokenizer==0.3.0' 'onnx==1.23.2' 'onnxruntime==1.32.0' \
 	'soundfile==0.14.0' 'librosa==0.11.0' 'HyperPyYAML==1.2.3' 'speakerlab-slim==0.1.0' \
-	'pytest>=8.3' 'pytest-asyncio>=0.24' 'pytest-timeout>=2.3'
+	'matplotlib>=3.8' 'pytest>=8.3' 'pytest-asyncio>=0.24' 'pytest-timeout>=2.3'
 
 .PHONY: demo test test-vllm-omni test-matrix
 demo: $(VENV)/.installed-demo
