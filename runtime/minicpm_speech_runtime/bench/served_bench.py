@@ -43,13 +43,10 @@ import numpy as np
 import torch
 import yaml
 
+from ..checkpoint import REAL, TINY, write_random_checkpoint
+from ..synth import voice_like, wav_bytes
 from . import vllm_stand_ins
-
-STAND_INS = vllm_stand_ins.install()
-
-from ..checkpoint import REAL, TINY, write_random_checkpoint  # noqa: E402
-from ..synth import voice_like, wav_bytes  # noqa: E402
-from .engine_bench import (  # noqa: E402
+from .engine_bench import (
     PIECE,
     SR,
     UTT_TOKENS,
@@ -64,7 +61,7 @@ from .engine_bench import (  # noqa: E402
     matmul_peak,
     run_engine,
 )
-from .parity import utterance  # noqa: E402
+from .parity import utterance
 
 # The Code2Wav connector extras of profiles/high-concurrency.yaml; stage 2's max_num_seqs is
 # set to each C so that no stream waits for a slot.
@@ -360,6 +357,8 @@ def main() -> None:
     p.add_argument("--window", type=float, default=8.0)
     p.add_argument("--voices", type=int, default=16, help="engine direct's prepared voices")
     a = p.parse_args()
+    # before anything imports vLLM-Omni's stage-2 code (all of it is imported lazily below)
+    stand_ins = vllm_stand_ins.install()
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git_revision": a.git_rev,
@@ -390,7 +389,7 @@ def main() -> None:
                lambda c=c: run_served(folder, OWN_EXTRAS, c, a.window, seconds, control))
         _save(res, a.json)
     res["rows"] = rows(res)
-    res["vllm_stand_ins"] = vllm_stand_ins.used() if STAND_INS else []
+    res["vllm_stand_ins"] = vllm_stand_ins.used() if stand_ins else []
     _save(res, a.json)
     if a.png:
         _stage(res, "plot", lambda: plot(res, a.png) or {})
