@@ -306,8 +306,11 @@ def vllm_omni_forward(backend: Code2WavBackend, batches: list[list[Item]]) -> li
 
 def serve(backend: Code2WavBackend, requests: dict[str, tuple[str, list[int], int]],
           steps_per_forward: list[int]) -> dict[str, np.ndarray]:
-    """Requests (voice, tokens, forward it joins at) through vLLM-Omni-like forwards: one batch
-    per voice and new/continuing, each request's windows in order; returns each one's PCM."""
+    """Requests (voice, tokens, forward it joins at), each with a voice of its own, through
+    vLLM-Omni-like forwards: one batch per voice and new/continuing, each request's windows in
+    order; returns each one's PCM."""
+    rid_of = {voice: rid for rid, (voice, _, _) in requests.items()}
+    assert len(rid_of) == len(requests)
     got: dict[str, list[torch.Tensor]] = {rid: [] for rid in requests}
     state: dict[str, Any] = {}
     plans = {rid: windows(tokens) for rid, (_, tokens, _) in requests.items()}
@@ -323,9 +326,7 @@ def serve(backend: Code2WavBackend, requests: dict[str, tuple[str, list[int], in
                 batches.setdefault((voice, previous is None), []).append(item)
         before = backend.engine.counters.steps
         for item, audio, handle in vllm_omni_forward(backend, list(batches.values())):
-            rid = next(r for r, (v, _, s) in requests.items()
-                       if v == item.prompt_cache_id and torch.equal(
-                           torch.tensor(plans[r][forward - s][0]), item.tokens))
+            rid = rid_of[item.prompt_cache_id]
             got[rid].append(audio)
             state.pop(rid, None)
             if not item.last_chunk:
