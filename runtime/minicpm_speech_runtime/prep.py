@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class _Job:
     error: BaseException | None = None
     cancelled: bool = False  # the request is gone (released or cancelled)
     acquired: bool = False  # chunk 0 has taken its voice
+    done_at: float | None = None  # epoch seconds its voice was ready (device work enqueued)
     settled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -202,6 +204,12 @@ class VoicePrep:
         with self._lock:
             return {k: set(e.pins) for k, e in self._cache.items() if e.pins}
 
+    def prepared_at(self, request_id: str) -> float | None:
+        """When the request's job had its voice ready (epoch s); None unless prepared ahead."""
+        with self._lock:
+            job = self._jobs.get(request_id)
+            return None if job is None else job.done_at
+
     def pending_jobs(self) -> int:
         with self._lock:
             return len(self._jobs)
@@ -337,6 +345,7 @@ class VoicePrep:
                 entry.pins.add(job.request_id)
                 self._cache.move_to_end(host.key)
                 job.key, job.cached, job.state = host.key, True, JobState.DONE
+                job.done_at = time.time()
                 return
         voice, event = self._device(host)
         with self._lock:
@@ -351,6 +360,7 @@ class VoicePrep:
             entry.pins.add(job.request_id)
             self._cache.move_to_end(host.key)
             job.key, job.state = host.key, JobState.DONE
+            job.done_at = time.time()
             self._evict()
 
     def _device(self, host: HostFeatures) -> tuple[PreparedVoice, torch.cuda.Event | None]:

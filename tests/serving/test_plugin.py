@@ -3,7 +3,9 @@ method names, part 1's real reference preparation on a tiny random checkpoint (C
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import hashlib
 import importlib
 import sys
 import types
@@ -17,6 +19,7 @@ import torch
 import yaml
 from minicpm_speech_runtime.serving import control, plugin
 from minicpm_speech_runtime.serving.backend import VLLM_OMNI_READS, Code2WavBackend
+from minicpm_speech_runtime.wav import encode_wav_pcm16
 
 FEATURES_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav"
 
@@ -84,6 +87,8 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
             self._extras, self.model_path = extras, str(model_path)
             self._states: dict[str, Any] = {}
             self.refs, self.spool = refs, spool
+            self.materialized: list[str] = []
+            self.calls: list[tuple[str, Any]] = []
 
         def _extra_config(self) -> dict[str, Any]:
             return dict(self._extras)
@@ -96,10 +101,21 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
         def _iter_decode_batches(self, buckets: Any) -> Any:
             yield from buckets
 
-        def _materialize_runtime_prompt(self, ref_audio: str, sample_rate: int) -> Any:
+        def _materialize_runtime_prompt(self, ref_audio: Any, sample_rate: int) -> Any:
+            if isinstance(ref_audio, torch.Tensor):  # a voice spooled at arrival
+                data = encode_wav_pcm16(ref_audio.numpy(), sample_rate)
+                ref_audio = hashlib.sha256(data).hexdigest()[:12]
+                self.refs[ref_audio] = data
             path = self.spool / f"{ref_audio}.wav"
             path.write_bytes(self.refs[ref_audio])
+            self.materialized.append(ref_audio)
             return ref_audio, _Entry(f"runtime-ref-{ref_audio}", str(path))
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.calls.append(("forward", args))
+
+        def on_requests_finished(self, finished: Any) -> None:
+            self.calls.append(("finished", finished))
 
         def _normalized_default_prompt(self) -> tuple[str, str]:
             path = self.spool / "default.wav"
@@ -285,3 +301,123 @@ def test_unsupported_extras_refused_at_build(
     pre = control.read_json(tmp_path / "control", control.PRECAPTURE_FILE)
     assert pre is not None and pre["state"] == "failed" and "token2wav_float16" in pre["reason"]
     assert not (tmp_path / "control" / control.PLUGIN_FILE).exists()
+
+
+def _fake_pipeline(monkeypatch: pytest.MonkeyPatch) -> type:
+    """vLLM-Omni's orchestrator and stage-0 bridge, the two names the plugin uses of them."""
+
+    class Orchestrator:
+        def __init__(self) -> None:
+            self.prewarmed: list[str] = []
+
+        async def _prewarm_async_chunk_stages(
+            self, request_id: str, stage0_request: Any, req_state: Any
+        ) -> bool:
+            self.prewarmed.append(request_id)
+            return True
+
+    def extract(prompt: Any) -> Any:  # the bridge's reading of a serving prompt
+        ref = prompt.get("_minicpmo45_reference_audio") if isinstance(prompt, dict) else None
+        return None if ref is None else (torch.as_tensor(ref[0], dtype=torch.float32), ref[1])
+
+    orchestrator = types.ModuleType(plugin.ORCHESTRATOR_MODULE)
+    orchestrator.Orchestrator = Orchestrator  # type: ignore[attr-defined]
+    bridge = types.ModuleType(plugin.STAGE_BRIDGE_MODULE)
+    bridge._extract_prompt_reference_audio = extract  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, plugin.ORCHESTRATOR_MODULE, orchestrator)
+    monkeypatch.setitem(sys.modules, plugin.STAGE_BRIDGE_MODULE, bridge)
+    return Orchestrator
+
+
+def _until(predicate: Any, timeout: float = 30.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())
+
+
+def test_a_voice_spooled_at_arrival_is_prepared_before_its_first_window(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    from minicpm_speech_runtime.synth import voice_like, wav_bytes
+    from prometheus_client import REGISTRY
+
+    orchestrator_cls = _fake_pipeline(monkeypatch)
+    extras = _deploy(tmp_path, monkeypatch)
+    plugin.register()
+    model = fake_vllm_omni(extras, model_dir, {"default": wav_bytes(2.0, 24000, seed=1)},
+                           tmp_path, max_num_seqs=4)
+    model._build_backend()
+    backend = model.backend
+    assert isinstance(backend, Code2WavBackend) and backend.arrival_watcher is not None
+    lead = "minicpm_speech_reference_arrival_to_{}_seconds_{}"
+    before = {k: REGISTRY.get_sample_value(lead.format(k, "sum")) or 0.0
+              for k in ("prepared", "first_window")}
+    try:
+        voice = voice_like(2.5, 16000, seed=21)
+        orchestrator = orchestrator_cls()
+        arrive = orchestrator._prewarm_async_chunk_stages
+        prompt = {"prompt_token_ids": [1, 2], "_minicpmo45_reference_audio": (voice, 16000)}
+        # A text-only request (no later stage) and one without a voice are not spooled.
+        asyncio.run(arrive("text-only", None, types.SimpleNamespace(final_stage_id=0,
+                                                                    prompt=prompt)))
+        asyncio.run(arrive("no-voice", None, types.SimpleNamespace(final_stage_id=2,
+                                                                   prompt={"x": 1})))
+        asyncio.run(arrive("req-1", None, types.SimpleNamespace(final_stage_id=2,
+                                                                prompt=prompt)))
+        assert orchestrator.prewarmed == ["text-only", "no-voice", "req-1"]  # always handed on
+        # Stage 2 takes the spooled voice through vLLM-Omni's normalisation and prepares it,
+        # with no window of the request in sight yet.
+        assert _until(lambda: len(model.materialized) == 1)
+        assert backend.prep is not None and backend.prep.wait_idle(60)
+        assert list((tmp_path / "control" / "arrivals").glob("*.ref")) == []
+        # Its first window: vLLM-Omni materialises the same voice and chunk 0 acquires it.
+        _, entry = model._materialize_runtime_prompt(torch.from_numpy(voice), 16000)
+        assert model.materialized[0] == model.materialized[1]
+        was = backend.prep.counters.snapshot()
+        backend.prepare_prompt(entry.cache_id, entry.path)
+        now = backend.prep.counters.snapshot()
+        assert {k: now[k] - was[k] for k in now if now[k] != was[k]} == {"ahead": 1}
+        after = {k: REGISTRY.get_sample_value(lead.format(k, "sum")) or 0.0
+                 for k in ("prepared", "first_window")}
+        to_prepared = after["prepared"] - before["prepared"]
+        to_first_window = after["first_window"] - before["first_window"]
+        assert 0.0 < to_prepared < to_first_window
+    finally:
+        backend.close()
+    assert not backend.arrival_watcher._thread.is_alive()
+
+
+def test_the_models_step_and_arrivals_take_turns(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    """vLLM-Omni's runtime-prompt table is not thread-safe: the model's forward and
+    ``on_requests_finished`` wait while the arrival watcher holds the model."""
+    import threading
+
+    from minicpm_speech_runtime.synth import wav_bytes
+
+    extras = _deploy(tmp_path, monkeypatch)
+    plugin.register()
+    model = fake_vllm_omni(extras, model_dir, {"default": wav_bytes(2.0, 24000, seed=1)},
+                           tmp_path)
+    model._build_backend()
+    backend = model.backend
+    try:
+        backend.model_lock.acquire()
+        runs = [threading.Thread(target=model.forward, args=(1,)),
+                threading.Thread(target=model.on_requests_finished, args=({"r"},))]
+        for t in runs:
+            t.start()
+        runs[0].join(0.3)
+        assert model.calls == []  # both wait for the holder
+        backend.model_lock.release()
+        for t in runs:
+            t.join(10)
+        assert sorted(name for name, _ in model.calls) == ["finished", "forward"]
+    finally:
+        backend.close()

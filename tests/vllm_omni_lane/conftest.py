@@ -16,6 +16,7 @@ import torch
 import yaml
 
 CODE2WAV_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_code2wav"
+ORCHESTRATOR_MODULE = "vllm_omni.engine.orchestrator"
 
 
 @pytest.fixture(scope="session")
@@ -66,10 +67,25 @@ def code2wav_originals() -> dict[str, Any]:
     return {name: cls.__dict__[name] for name in plugin.WRAPPED}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def orchestrator_original() -> Any:
+    """vLLM-Omni's ``OrchestratorBase._prewarm_async_chunk_stages`` as it ships."""
+    import importlib
+
+    from minicpm_speech_runtime.serving import plugin
+
+    cls = importlib.import_module(ORCHESTRATOR_MODULE).OrchestratorBase
+    assert not getattr(cls, plugin.MARKER, False)
+    return cls.__dict__[plugin.ORCHESTRATOR_WRAPPED]
+
+
 @pytest.fixture
-def unpatched(monkeypatch: pytest.MonkeyPatch, code2wav_originals: dict[str, Any]) -> type:
-    """vLLM-Omni's Code2Wav class as it ships, and the plugin never registered in this process;
-    whatever the test does to either is undone after it."""
+def unpatched(
+    monkeypatch: pytest.MonkeyPatch, code2wav_originals: dict[str, Any],
+    orchestrator_original: Any,
+) -> type:
+    """vLLM-Omni's Code2Wav class and orchestrator as they ship, and the plugin never
+    registered in this process; whatever the test does to any of them is undone after it."""
     import importlib
 
     from minicpm_speech_runtime.serving import plugin
@@ -78,6 +94,9 @@ def unpatched(monkeypatch: pytest.MonkeyPatch, code2wav_originals: dict[str, Any
     for name, method in code2wav_originals.items():
         monkeypatch.setattr(cls, name, method)
     monkeypatch.setattr(cls, plugin.MARKER, False, raising=False)
+    orchestrator = importlib.import_module(ORCHESTRATOR_MODULE).OrchestratorBase
+    monkeypatch.setattr(orchestrator, plugin.ORCHESTRATOR_WRAPPED, orchestrator_original)
+    monkeypatch.setattr(orchestrator, plugin.MARKER, False, raising=False)
     monkeypatch.setattr(plugin, "_registered", False)
     return cls  # type: ignore[no-any-return]
 

@@ -295,3 +295,46 @@ def test_beyond_max_num_seqs_requests_wait_and_an_abort_frees_its_slot(
         assert pinned <= held | {path.model._normalized_default_prompt()[1]}
     finally:
         backend.close()
+
+
+def test_voices_are_prepared_from_arrival_before_their_first_window(
+    plugin_on: Path, model_dir: Path, own: Code2WavPath, noise: torch.Tensor
+) -> None:
+    """Four requests arrive at once, each with its own voice, spooled as vLLM-Omni's
+    orchestrator hands it over; the Talker then takes 25 ticks of 100 ms to each first window
+    (two of them start 25 ticks later). Stage 2 prepares every voice from its arrival, so chunk
+    0 finds all four prepared (and the audio is vLLM-Omni's own); the arrival-to-prepared time
+    is measured against the arrival-to-first-window time."""
+    requests = EIGHT[:4]
+    extras = {**CONNECTOR, "batched_code2wav": True, "reference_prep_workers": 2,
+              "campplus_backend": "onnxruntime", "token2wav_runtime_prompt_cache_size": 16}
+    path = Code2WavPath(build_code2wav(model_dir, extras), extras, noise)
+    backend = path.model.backend
+    assert isinstance(backend, Code2WavBackend) and backend.prep is not None
+    lead = "minicpm_speech_reference_arrival_to_{}_seconds_{}"
+
+    def leads() -> dict[str, float]:
+        return {f"{k}_{part}": REGISTRY.get_sample_value(lead.format(k, part)) or 0.0
+                for k in ("prepared", "first_window") for part in ("sum", "count")}
+
+    before, was = leads(), backend.prep.counters.snapshot()
+    try:
+        stage = Stage2(path.model, extras)
+        with fixed_vocoder_noise():
+            our_pcm = stage.run(requests, tick_s=0.1)
+        after, now = leads(), backend.prep.counters.snapshot()
+        got = {k: now[k] - was[k] for k in now if now[k] != was[k]}
+        assert got == {"ahead": len(requests)}, got
+        n = after["prepared_count"] - before["prepared_count"]
+        assert n == after["first_window_count"] - before["first_window_count"] == len(requests)
+        to_prepared = (after["prepared_sum"] - before["prepared_sum"]) / n
+        to_first_window = (after["first_window_sum"] - before["first_window_sum"]) / n
+        print(f"arrival to prepared {to_prepared * 1e3:.0f} ms, to first window "
+              f"{to_first_window * 1e3:.0f} ms (mean of {n:.0f})")
+        assert 0.0 < to_prepared < to_first_window
+        their = Stage2(own.model, own.extras)
+        with fixed_vocoder_noise():
+            assert_close(our_pcm, their.run(requests))
+        assert list((plugin_on / "arrivals").glob("*.ref")) == []
+    finally:
+        backend.close()

@@ -4,10 +4,14 @@ runner drives it, with this project's plugin on; vLLM-Omni's own backend (plugin
 project's engine driven directly (``engine_bench.run_engine``). All three in one run.
 
 For each concurrency C: C streams, each a distinct cold voice (its own reference waveform of
-3-10 s, written and prepared by vLLM-Omni's path when its first window comes) and 250 tokens,
-handed over by vLLM-Omni's stage-1 hook (``tts2code2wav_async_chunk``) 25 tokens per step, so
-every window is 3 + 25 tokens; every live request's window goes into one ``forward`` per step,
-and a finished stream is replaced at once (closed loop). Streams ramp up at most C/10 per step
+3-10 s) and 250 tokens, handed over by vLLM-Omni's stage-1 hook (``tts2code2wav_async_chunk``)
+25 tokens per step, so every window is 3 + 25 tokens; every live request's window goes into
+one ``forward`` per step, and a finished stream is replaced at once (closed loop). A request
+arrives ``--lead-steps`` stage-2 steps before its first window (standing for the Thinker's
+prefill and the Talker's first 25 codes, which run in other processes when served; 3 steps is
+0.1-0.4 s here, less than those take) and its voice is spooled as vLLM-Omni's orchestrator
+hands it over, so the plugin prepares it from arrival; with ``--lead-steps 0`` it arrives with
+its first window. Streams ramp up at most C/10 per step
 until C are live, then run one more utterance; then the measured window. Figures: audio-s/s,
 first audio (first hand-over to first non-empty output) p50/p95, engine steps per forward (plugin
 on, from the engine's own counter), peak memory, the device memory the built model holds before
@@ -36,6 +40,7 @@ import json
 import os
 import platform
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +103,9 @@ class ServedLoop:
     """The closed-loop client of one stage-2 model: C live requests, 25 tokens each per step,
     every request with a new window in one ``forward``."""
 
-    def __init__(self, model: Any, extras: dict[str, Any], seconds: list[float]) -> None:
+    def __init__(
+        self, model: Any, extras: dict[str, Any], seconds: list[float], lead_steps: int = 0
+    ) -> None:
         from .stage2 import Request, Stage2
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -106,6 +113,8 @@ class ServedLoop:
         self.request = Request
         self.seconds = seconds
         self.live: dict[str, _Stream] = {}
+        self.successors: deque[tuple[str, _Stream]] = deque()  # arrived, no window yet
+        self.lead_steps = lead_steps
         self.next = 0
         self.reset_stats()
 
@@ -115,19 +124,31 @@ class ServedLoop:
         self.forwards: list[int | None] = []
         self.forward_s = 0.0  # inside stage 2's forward; the rest is the hook and transport
 
-    def _start(self) -> None:
+    def _arrive(self) -> tuple[str, _Stream]:
+        """A request arrives: stage 2's records, and its voice spooled at arrival."""
         i = self.next
         self.next += 1
         rid = f"req-{i}"
         ref = voice_like(self.seconds[i % len(self.seconds)], SR, seed=10_000 + i)  # cold
         stream = _Stream(utterance(UTT_TOKENS, i), ref)
         self.stage.add(self.request(rid, stream.tokens, ref, SR))
+        return rid, stream
+
+    def _start(self) -> None:
+        rid, stream = self.successors.popleft() if self.successors else self._arrive()
         self.live[rid] = stream
 
     def step(self, conc: int, ramp: int | None = None) -> None:
         room = conc - len(self.live)
         for _ in range(room if ramp is None else min(room, ramp)):
             self._start()
+        # Requests arrive ahead of their first window, as the Thinker and the Talker's first
+        # 25 codes take that long: a stream within ``lead_steps`` windows of its end has its
+        # successor's request arrive now, to take its place when it ends.
+        ending = sum(1 for s in self.live.values()
+                     if len(s.tokens) - s.sent <= self.lead_steps * PIECE)
+        while len(self.successors) < min(ending, conc):
+            self.successors.append(self._arrive())
         ready, finished = [], []
         now = time.perf_counter()
         for rid, s in self.live.items():
@@ -170,8 +191,9 @@ class ServedLoop:
 
     def drain(self) -> None:
         """Let every live request go, as an aborting client does."""
-        self.stage.model.on_requests_finished(set(self.live))
+        self.stage.model.on_requests_finished(set(self.live) | {r for r, _ in self.successors})
         self.live.clear()
+        self.successors.clear()
 
 
 def build_model(folder: Path, extras: dict[str, Any], max_num_seqs: int) -> tuple[Any, float]:
@@ -190,16 +212,22 @@ def build_model(folder: Path, extras: dict[str, Any], max_num_seqs: int) -> tupl
 
 def run_served(
     folder: Path, extras: dict[str, Any], conc: int, window: float, seconds: list[float],
-    control: Path,
+    control: Path, profile: bool = False, lead_steps: int = 0,
 ) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if extras.get("batched_code2wav"):
+        # vLLM-Omni's runtime-prompt cache keeps voices from arrival to their first window
+        extras = {**extras, "token2wav_runtime_prompt_cache_size": 2 * conc + 8}
     model, model_gib = build_model(folder, extras, max_num_seqs=conc)
     plugin = _read_json(control / "plugin.json") if extras.get("batched_code2wav") else None
     precapture = _read_json(control / "precapture.json") if plugin else None
-    loop = ServedLoop(model, extras, seconds)
+    loop = ServedLoop(model, extras, seconds, lead_steps)
     loop.run(conc, seconds=2.0, min_steps=22, ramp=-(-conc // 10))
     _reset_peak()
     loop.reset_stats()
+    leads = _arrival_leads()
+    prep = getattr(model.backend, "prep", None)
+    outcomes = prep.counters.snapshot() if prep is not None else {}
     t0 = time.perf_counter()
     loop.run(conc, seconds=window)
     wall = time.perf_counter() - t0
@@ -220,7 +248,14 @@ def run_served(
         "model_gib": model_gib,
         "window_s": wall,
         "backend": type(model.backend).__name__,
+        "lead_steps": lead_steps,
+        **_arrival_leads(leads),
     }
+    if prep is not None:
+        after = prep.counters.snapshot()
+        res["prep_outcomes"] = {k: after[k] - outcomes.get(k, 0) for k in after}
+    if profile:
+        res["profile_top"] = _profiled(loop, conc)
     if plugin is not None:
         res["plugin_weight_bytes"] = plugin.get("weight_bytes")
         res["max_streams"] = plugin.get("max_streams")
@@ -232,6 +267,49 @@ def run_served(
         close()
     del loop, model
     return res
+
+
+def _profiled(loop: ServedLoop, conc: int, seconds: float = 3.0) -> list[dict[str, Any]]:
+    """Where a forward's host time goes: the functions with the most cumulative time over a
+    few seconds of steps under cProfile (its overhead inflates Python-heavy entries)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    loop.run(conc, seconds=seconds)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (file, line, name), (_, calls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(file).name}:{line}:{name}", "calls": calls,
+                     "own_s": round(own, 4), "cumulative_s": round(cum, 4)})
+    rows.sort(key=lambda r: -r["cumulative_s"])
+    return rows[:60]
+
+
+_LEADS = {
+    "arrival_to_prepared": "minicpm_speech_reference_arrival_to_prepared_seconds",
+    "arrival_to_first_window": "minicpm_speech_reference_arrival_to_first_window_seconds",
+}
+
+
+def _arrival_leads(since: dict[str, float] | None = None) -> dict[str, Any]:
+    """The runtime's arrival histograms: their sums and counts now, or, given earlier ones,
+    the mean of what was observed since (ms) and how many."""
+    from prometheus_client import REGISTRY
+
+    now = {f"{k}_{part}": REGISTRY.get_sample_value(f"{name}_{part}") or 0.0
+           for k, name in _LEADS.items() for part in ("sum", "count")}
+    if since is None:
+        return now
+    out: dict[str, Any] = {}
+    for k in _LEADS:
+        n = now[f"{k}_count"] - since.get(f"{k}_count", 0.0)
+        total = now[f"{k}_sum"] - since.get(f"{k}_sum", 0.0)
+        out[f"{k}_mean_ms"] = total / n * 1e3 if n else None
+        out[f"{k}_samples"] = int(n)
+    return out
 
 
 def _ms(x: float | None) -> float | None:
@@ -311,6 +389,10 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             "vllm_omni_wall_audio_s_per_s": own.get("wall_audio_s_per_s"),
             "engine_steps_per_forward": served.get("engine_steps_per_forward"),
             "first_audio_p95_ms": served.get("first_audio_p95_ms"),
+            "arrival_to_prepared_mean_ms": served.get("arrival_to_prepared_mean_ms"),
+            "arrival_to_first_window_mean_ms": served.get("arrival_to_first_window_mean_ms"),
+            "voices_prepared_ahead": (served.get("prep_outcomes") or {}).get("ahead"),
+            "voices_prepared_late": (served.get("prep_outcomes") or {}).get("late"),
             "peak_mem_gib": served.get("peak_mem_gib"),
             "code2wav_weight_gib": (weights["engine"] / 2**30) if "engine" in weights else None,
             "vllm_omni_weights_freed_gib": (weights["vllm_omni_freed"] / 2**30)
@@ -356,6 +438,10 @@ def main() -> None:
     p.add_argument("--own-conc", default="1,8,32", help="vLLM-Omni's own backend")
     p.add_argument("--window", type=float, default=8.0)
     p.add_argument("--voices", type=int, default=16, help="engine direct's prepared voices")
+    p.add_argument("--profile-conc", default="", help="served C to profile under cProfile")
+    p.add_argument("--lead-steps", type=int, default=3,
+                   help="stage-2 steps from a request's arrival to its first window")
+    p.add_argument("--skip-engine", action="store_true")
     a = p.parse_args()
     # before anything imports vLLM-Omni's stage-2 code (all of it is imported lazily below)
     stand_ins = vllm_stand_ins.install()
@@ -379,14 +465,18 @@ def main() -> None:
     peak = res.get("matmul_peak", {}).get("tf32_tflops", 1.0)
     res["served"], res["engine"], res["vllm_omni"] = {}, {}, {}
     concs = [int(x) for x in a.conc.split(",") if x]
+    profiled = {int(x) for x in a.profile_conc.split(",") if x}
     for c in concs:
         _stage(res["served"], str(c),
-               lambda c=c: run_served(folder, SERVED_EXTRAS, c, a.window, seconds, control))
+               lambda c=c: run_served(folder, SERVED_EXTRAS, c, a.window, seconds, control,
+                                      c in profiled, a.lead_steps))
         _save(res, a.json)
-    engine_direct(res, folder, concs, a.window, peak, a.voices, a.json)
+    if not a.skip_engine:
+        engine_direct(res, folder, concs, a.window, peak, a.voices, a.json)
     for c in [int(x) for x in a.own_conc.split(",") if x]:
         _stage(res["vllm_omni"], str(c),
-               lambda c=c: run_served(folder, OWN_EXTRAS, c, a.window, seconds, control))
+               lambda c=c: run_served(folder, OWN_EXTRAS, c, a.window, seconds, control,
+                                      lead_steps=a.lead_steps))
         _save(res, a.json)
     res["rows"] = rows(res)
     res["vllm_stand_ins"] = vllm_stand_ins.used() if stand_ins else []

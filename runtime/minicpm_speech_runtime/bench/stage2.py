@@ -3,7 +3,8 @@
 What is vLLM-Omni's own code here: the Code2Wav model (``MiniCPMO45Code2Wav``, built by its own
 ``load_weights``), Stage 1's connector hook that cuts the Talker's codec tokens into windows
 (``tts2code2wav_async_chunk``), the payload's wire form (``to_dict``) and the receiving side's
-commit of a chunk into the Stage-2 request (``OmniChunkTransferAdapter._commit_received_chunk``).
+commit of a chunk into the Stage-2 request (``OmniChunkTransferAdapter._commit_received_chunk``),
+and the reading of a serving prompt's reference voice that the plugin spools at arrival.
 What stands in for parts that need vLLM's engine and a GPU platform: the model's
 ``vllm_config`` (the four attributes the model reads), the shared-memory transport (a payload
 is handed over in process), and the generation runner's step: the tokens of every request with
@@ -15,6 +16,7 @@ request's intermediate buffer as ``runtime_additional_information``, and
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,10 +32,12 @@ from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapt
     OmniChunkTransferAdapter,
 )
 from vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_code2wav import MiniCPMO45Code2Wav
+from vllm_omni.model_executor.models.minicpmo_4_5.pipeline import MINICPMO45_REFERENCE_AUDIO_KEY
 from vllm_omni.model_executor.stage_input_processors.minicpmo_4_5_omni import (
     tts2code2wav_async_chunk,
 )
 
+from ..serving.plugin import spool_arrival
 from .parity import _FixedNoiseTorch, fixed_nsf_noise
 
 SILENCE = 4218  # the codes vLLM-Omni's connector puts before a stream's first window
@@ -120,6 +124,11 @@ class Stage2:
         self.aborts: dict[str, int] = {}  # request -> the Talker tick it is aborted at
 
     def add(self, request: Request) -> None:
+        """The request arrives: its stage-1 and stage-2 records, and, where stage 2 takes voices
+        at arrival, its reference spooled as vLLM-Omni's orchestrator hands it over."""
+        if request.ref is not None and getattr(self.model.backend, "arrival_watcher", None):
+            spool_arrival(request.rid, {
+                MINICPMO45_REFERENCE_AUDIO_KEY: (request.ref, request.ref_rate)})
         info: dict[str, Any] = {}
         if request.ref is not None:
             info = {
@@ -204,8 +213,12 @@ class Stage2:
         requests: Sequence[Request],
         burst: Sequence[int] = (1,),
         finish_with_last: bool = False,
+        tick_s: float = 0.0,
     ) -> dict[str, np.ndarray]:
         """Every request's whole utterance, interleaved; returns each request's PCM.
+
+        Every request arrives at tick 0 (see :meth:`add`); a Talker tick lasts at least
+        ``tick_s`` seconds (0: as fast as the loop runs).
 
         Each Talker tick hands over ``burst[i % len(burst)]`` tokens per request (the Talker
         emits one per decode step). A request's finish comes on the tick after its last token,
@@ -218,7 +231,9 @@ class Stage2:
         sent = {r.rid: 0 for r in requests}
         finished: set[str] = set()
         tick = 0
+        next_tick = time.monotonic()
         while len(finished) < len(requests):
+            next_tick += tick_s
             ready = []
             for request in requests:
                 if request.rid in finished or tick < request.start:
@@ -239,5 +254,6 @@ class Stage2:
             if ready:
                 self.step(ready)
             tick += 1
+            time.sleep(max(0.0, next_tick - time.monotonic()))
         return {r.rid: torch.cat(self.pcm[r.rid]).numpy() for r in requests
                 if r.rid not in self.aborts}

@@ -34,6 +34,12 @@ vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
   WAV; ``prepare_prompt`` then acquires it. A VoicePrep request is one vLLM-Omni runtime prompt
   (its ``cache_id``); vLLM-Omni calls ``evict_prompt`` when no request holds it, which releases
   it. Without workers, ``inline_prepare`` prepares at chunk 0.
+* **From arrival.** The plugin's arrival watcher (:mod:`.arrivals`) runs vLLM-Omni's own
+  reference normalisation for a voice spooled when its request arrived, under
+  :attr:`Code2WavBackend.model_lock` (vLLM-Omni's runtime-prompt table is not thread-safe;
+  the plugin holds the same lock around the model's ``forward`` and
+  ``on_requests_finished``), and notes the arrival (:meth:`note_arrival`); chunk 0 then
+  observes how long before it the voice was ready.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ VLLM_OMNI_READS = (
     "decode_batch",
     "decode_ragged_batch",
 )
+MAX_ARRIVALS_NOTED = 4096
 CAMPPLUS_BACKENDS = {"cuda": "torch", "onnxruntime": "onnxruntime", "tensorrt": "tensorrt"}
 
 
@@ -193,6 +200,9 @@ class Code2WavBackend:
         self._voices: dict[Any, PreparedVoice] = {}
         self._submitted: set[str] = set()
         self._lock = threading.Lock()
+        self.model_lock = threading.RLock()
+        self._arrived: OrderedDict[str, float] = OrderedDict()  # cache id -> arrival (epoch)
+        self.arrival_watcher: Any = None  # set by the plugin; closed with the backend
         self._next_id = 0
         self._dropped: deque[int] = deque()  # appended by handle finalizers
         self._waiting: OrderedDict[int, _Waiting] = OrderedDict()
@@ -221,6 +231,14 @@ class Code2WavBackend:
         self.metrics.record_prep_counters(self.prep.counters.snapshot())
         return queued
 
+    def note_arrival(self, prompt_cache_id: str, arrived_at: float) -> None:
+        """A request whose voice is ``prompt_cache_id`` arrived at ``arrived_at`` (epoch s)."""
+        with self._lock:
+            self._arrived[prompt_cache_id] = arrived_at
+            self._arrived.move_to_end(prompt_cache_id)
+            while len(self._arrived) > MAX_ARRIVALS_NOTED:
+                self._arrived.popitem(last=False)
+
     def prepare_prompt(self, prompt_cache_id: str, prompt_wav: str) -> Any:
         key = (prompt_cache_id, prompt_wav)
         failed = self._deferred.pop(key, None)
@@ -244,11 +262,24 @@ class Code2WavBackend:
                 self.metrics.record_prep_counters(self.prep.counters.snapshot())
             features = self.make_features(key, voice)
         self._features[key] = features
+        self._observe_arrival(prompt_cache_id)
         return features
+
+    def _observe_arrival(self, prompt_cache_id: str) -> None:
+        with self._lock:
+            arrived = self._arrived.pop(prompt_cache_id, None)
+        if arrived is None:
+            return
+        now = time.time()
+        # prepared ahead: when its job finished; otherwise chunk 0 just prepared it
+        ahead = self.prep.prepared_at(prompt_cache_id) if self.prep is not None else None
+        self.metrics.observe_arrival_lead(min(now, ahead or now) - arrived, now - arrived)
 
     def evict_prompt(self, prompt_cache_id: str, prompt_wav: str) -> None:
         key = (prompt_cache_id, prompt_wav)
         features = self._features.pop(key, None)
+        with self._lock:
+            self._arrived.pop(prompt_cache_id, None)
         self._voices.pop(getattr(features, "cache_key", key), None)
         if self.prep is not None:
             with self._lock:
@@ -341,6 +372,8 @@ class Code2WavBackend:
         }
 
     def close(self) -> None:
+        if self.arrival_watcher is not None:
+            self.arrival_watcher.close()
         if self.prep is not None:
             self.prep.close()
 

@@ -34,6 +34,11 @@ Names (all prefixed ``minicpm_speech_``):
 ``code2wav_waiting_streams``                    gauge    streams waiting for a slot (livesum)
 ``code2wav_slot_wait_seconds``                  histogram  from a stream's setup to its slot
 ``gpu_memory_bytes{kind}``                      gauge    torch allocator (livesum)
+``reference_arrivals_total{outcome}``           counter  voices spooled at request arrival:
+                                                           ``taken`` to preparation, ``expired``,
+                                                           ``bad_file``, ``failed``
+``reference_arrival_to_prepared_seconds``       histogram  request arrival to its voice prepared
+``reference_arrival_to_first_window_seconds``   histogram  request arrival to stage 2's chunk 0
 =============================================  =========  ====================================
 
 ``kind`` of the graph families is ``decode``, ``setup`` or ``hift``; the batched engine counts
@@ -78,6 +83,8 @@ COPIED = "copied"  # a setup_streams mode only: such a stream had no solve
 CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 WAIT_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STEP_REASONS = ("forward", "final_window")
+ARRIVAL_OUTCOMES = ("taken", "expired", "bad_file", "failed")
+LEAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
 class RuntimeMetrics:
@@ -146,6 +153,20 @@ class RuntimeMetrics:
             f"{p}_gpu_memory_bytes", "GPU memory of the torch allocator in the Code2Wav process",
             ["kind"], multiprocess_mode="livesum", **kw,
         )
+        self.arrivals = Counter(
+            f"{p}_reference_arrivals", "Reference voices spooled at request arrival",
+            ["outcome"], **kw,
+        )
+        self.arrival_to_prepared = Histogram(
+            f"{p}_reference_arrival_to_prepared_seconds",
+            "From a request's arrival to its reference voice prepared", buckets=LEAD_BUCKETS,
+            **kw,
+        )
+        self.arrival_to_first_window = Histogram(
+            f"{p}_reference_arrival_to_first_window_seconds",
+            "From a request's arrival to its first window in stage 2", buckets=LEAD_BUCKETS,
+            **kw,
+        )
         self._prep_seen: dict[str, int] = {}
         self._lock = threading.Lock()
         # Every label set exists from the start, so a scrape shows zeros, not absences.
@@ -163,6 +184,8 @@ class RuntimeMetrics:
             self.chunk_seconds.labels(chunk)
         for reason in STEP_REASONS:
             self.engine_steps.labels(reason)
+        for outcome in ARRIVAL_OUTCOMES:
+            self.arrivals.labels(outcome)
 
     def record_prep_counters(self, snapshot: Mapping[str, int]) -> None:
         """Add what part 1's :class:`PrepCounters` counted since the last call."""
@@ -210,6 +233,13 @@ class RuntimeMetrics:
 
     def observe_slot_wait(self, seconds: float) -> None:
         self.slot_wait_seconds.observe(max(0.0, seconds))
+
+    def arrival(self, outcome: str) -> None:
+        self.arrivals.labels(outcome).inc()
+
+    def observe_arrival_lead(self, to_prepared: float, to_first_window: float) -> None:
+        self.arrival_to_prepared.observe(max(0.0, to_prepared))
+        self.arrival_to_first_window.observe(max(0.0, to_first_window))
 
     def set_gpu_memory(self, allocated: int, reserved: int) -> None:
         self.gpu_memory.labels("allocated").set(allocated)

@@ -24,10 +24,22 @@ NPU patch wraps ``_build_backend``), once per process, guarded by a marker on th
   per forward, across every voice.
 * ``_materialize_runtime_prompt``: once vLLM-Omni has written a request's reference WAV, the
   backend's ``submit_ahead`` starts preparing it.
+* ``forward`` and ``on_requests_finished``: held under the backend's ``model_lock``, which the
+  arrival watcher takes too (see below).
+
+Preparation from arrival (:mod:`.arrivals`): in the API server's process the plugin wraps
+vLLM-Omni's ``Orchestrator._prewarm_async_chunk_stages``, which runs when a request arrives
+and is pre-submitted to the later stages; the request's reference voice, as vLLM-Omni's own
+stage-0 bridge reads it from the prompt (``_extract_prompt_reference_audio``), is spooled under
+the control directory. In stage 2 an :class:`~.arrivals.ArrivalWatcher` takes it and runs
+vLLM-Omni's ``_materialize_runtime_prompt`` on it (which starts preparation), so chunk 0 finds
+the voice prepared; vLLM-Omni's runtime-prompt cache (``token2wav_runtime_prompt_cache_size``)
+keeps it until then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -37,6 +49,7 @@ from typing import Any
 
 import yaml
 
+from .arrivals import ARRIVALS_SUBDIR, Arrival, ArrivalWatcher, spool_reference
 from .config import EXTRA_PATH
 from .control import (
     DEPLOY_CONFIG_ENV,
@@ -50,7 +63,11 @@ log = logging.getLogger(__name__)
 
 CODE2WAV_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_code2wav"
 MARKER = "_minicpm_speech_runtime_patched"
-WRAPPED = ("_build_backend", "_iter_decode_batches", "_materialize_runtime_prompt")
+WRAPPED = ("_build_backend", "_iter_decode_batches", "_materialize_runtime_prompt", "forward",
+           "on_requests_finished")
+ORCHESTRATOR_MODULE = "vllm_omni.engine.orchestrator"
+ORCHESTRATOR_WRAPPED = "_prewarm_async_chunk_stages"
+STAGE_BRIDGE_MODULE = "vllm_omni.model_executor.stage_input_processors.minicpmo_4_5_omni"
 
 _lock = threading.Lock()
 _registered = False
@@ -95,6 +112,16 @@ def register() -> None:
         log.warning("plugin: vLLM-Omni's MiniCPM-o Code2Wav is not importable (%s)", exc)
         return
     patch_code2wav(module.MiniCPMO45Code2Wav)
+    from .backend import RuntimeOptions
+
+    if RuntimeOptions.from_extras(extras_from_env() or {}).reference_prep_workers <= 0:
+        return  # no preparation pool in stage 2 to take arrivals
+    try:
+        orchestrator = importlib.import_module(ORCHESTRATOR_MODULE)
+        patch_orchestrator(orchestrator.OrchestratorBase)
+    except Exception as exc:  # stage 2 still prepares at chunk 0
+        log.warning("plugin: vLLM-Omni's orchestrator is not patched (%s); reference voices "
+                    "are prepared from stage 2's first window", str(exc)[:300])
 
 
 def patch_code2wav(cls: type) -> bool:
@@ -127,11 +154,88 @@ def patch_code2wav(cls: type) -> bool:
                     log.exception("plugin: ahead-of-time preparation not started")
             return cache_key, entry
 
+        original_forward = cls.forward  # type: ignore[attr-defined]
+        original_finished = cls.on_requests_finished  # type: ignore[attr-defined]
+
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with _model_lock(self):
+                return original_forward(self, *args, **kwargs)
+
+        def on_requests_finished(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with _model_lock(self):
+                return original_finished(self, *args, **kwargs)
+
+        cls.forward = forward  # type: ignore[attr-defined]
+        cls.on_requests_finished = on_requests_finished  # type: ignore[attr-defined]
         cls._build_backend = _build_backend  # type: ignore[attr-defined]
         cls._iter_decode_batches = _iter_decode_batches  # type: ignore[attr-defined]
         cls._materialize_runtime_prompt = _materialize_runtime_prompt  # type: ignore[attr-defined]
         setattr(cls, MARKER, True)
         return True
+
+
+def _model_lock(model: Any) -> Any:
+    backend = getattr(model, "backend", None)
+    lock = getattr(backend, "model_lock", None)
+    return lock if lock is not None else contextlib.nullcontext()
+
+
+def patch_orchestrator(cls: type) -> bool:
+    """Spool each arriving request's reference voice; False when already wrapped."""
+    with _lock:
+        if getattr(cls, MARKER, False):
+            return False
+        original = getattr(cls, ORCHESTRATOR_WRAPPED)
+
+        async def _prewarm_async_chunk_stages(
+            self: Any, request_id: Any, stage0_request: Any, req_state: Any, *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            if int(getattr(req_state, "final_stage_id", 0) or 0) > 0:
+                spool_arrival(str(request_id), getattr(req_state, "prompt", None))
+            return await original(self, request_id, stage0_request, req_state, *args, **kwargs)
+
+        setattr(cls, ORCHESTRATOR_WRAPPED, _prewarm_async_chunk_stages)
+        setattr(cls, MARKER, True)
+        return True
+
+
+def arrivals_dir() -> Path | None:
+    control = control_dir_from_env()
+    return None if control is None else control / ARRIVALS_SUBDIR
+
+
+def spool_arrival(request_id: str, prompt: Any) -> Path | None:
+    """Spool the reference voice vLLM-Omni's stage-0 bridge will read from ``prompt``; never
+    raises (a request without one, or any failure, leaves preparation to chunk 0)."""
+    spool = arrivals_dir()
+    if spool is None or prompt is None:
+        return None
+    try:
+        import importlib
+
+        bridge = importlib.import_module(STAGE_BRIDGE_MODULE)
+        reference = bridge._extract_prompt_reference_audio(prompt)
+        if reference is None:
+            return None
+        waveform, sample_rate = reference
+        return spool_reference(spool, request_id, waveform.detach().cpu().numpy(),
+                               int(sample_rate))
+    except Exception as exc:
+        log.warning("plugin: reference of request %s not spooled (%s)", request_id[:100],
+                    f"{type(exc).__name__}: {exc}"[:300])
+        return None
+
+
+def take_arrival(model: Any, backend: Any, arrival: Arrival) -> None:
+    """Stage 2's side of an arrival: vLLM-Omni's own normalisation and runtime prompt, which
+    the wrapped ``_materialize_runtime_prompt`` hands to preparation."""
+    import torch
+
+    with backend.model_lock:
+        _, entry = model._materialize_runtime_prompt(
+            torch.from_numpy(arrival.samples), arrival.sample_rate)
+        backend.note_arrival(entry.cache_id, arrival.arrived_at)
 
 
 def install_runtime_backend(model: Any) -> Any:
@@ -173,7 +277,23 @@ def install_runtime_backend(model: Any) -> Any:
             "weight_bytes": weights,
         })
     _precapture(model, backend, options, control)
+    if control is not None and backend.prep is not None:
+        _warn_small_prompt_cache(model, backend.engine.config.max_streams)
+        backend.arrival_watcher = ArrivalWatcher(
+            control / ARRIVALS_SUBDIR,
+            lambda arrival: take_arrival(model, backend, arrival),
+            backend.metrics.arrival,
+        ).start()
     return backend
+
+
+def _warn_small_prompt_cache(model: Any, max_streams: int) -> None:
+    size = getattr(model, "_runtime_prompt_cache_size", None)
+    if isinstance(size, int) and size < 2 * max_streams:
+        log.warning(
+            "plugin: token2wav_runtime_prompt_cache_size=%d holds fewer reference voices than "
+            "twice stage 2's %d streams; voices prepared at arrival may be evicted before "
+            "their first window (set it to at least %d)", size, max_streams, 2 * max_streams)
 
 
 def module_bytes(module: Any, device: Any) -> int:
