@@ -306,7 +306,7 @@ def test_unsupported_extras_refused_at_build(
 def _fake_pipeline(monkeypatch: pytest.MonkeyPatch) -> type:
     """vLLM-Omni's orchestrator and stage-0 bridge, the two names the plugin uses of them."""
 
-    class Orchestrator:
+    class OrchestratorBase:
         def __init__(self) -> None:
             self.prewarmed: list[str] = []
 
@@ -320,7 +320,11 @@ def _fake_pipeline(monkeypatch: pytest.MonkeyPatch) -> type:
         ref = prompt.get("_minicpmo45_reference_audio") if isinstance(prompt, dict) else None
         return None if ref is None else (torch.as_tensor(ref[0], dtype=torch.float32), ref[1])
 
+    class Orchestrator(OrchestratorBase):  # the class vLLM-Omni instantiates
+        pass
+
     orchestrator = types.ModuleType(plugin.ORCHESTRATOR_MODULE)
+    orchestrator.OrchestratorBase = OrchestratorBase  # type: ignore[attr-defined]
     orchestrator.Orchestrator = Orchestrator  # type: ignore[attr-defined]
     bridge = types.ModuleType(plugin.STAGE_BRIDGE_MODULE)
     bridge._extract_prompt_reference_audio = extract  # type: ignore[attr-defined]

@@ -74,7 +74,7 @@ SERVED_EXTRAS: dict[str, Any] = {
     "batched_code2wav": True,
     "micro_batch_size": 8,
     "cfm_graph_precapture": True,
-    "cfm_max_graphs": 64,
+    "cfm_max_graphs": 72,
     "token2wav_allow_tf32": True,
     "token2wav_float16": False,
     "campplus_backend": "cuda",
@@ -255,7 +255,7 @@ def run_served(
         after = prep.counters.snapshot()
         res["prep_outcomes"] = {k: after[k] - outcomes.get(k, 0) for k in after}
     if profile:
-        res["profile_top"] = _profiled(loop, conc)
+        res["phases"] = _profiled(loop, conc)
     if plugin is not None:
         res["plugin_weight_bytes"] = plugin.get("weight_bytes")
         res["max_streams"] = plugin.get("max_streams")
@@ -269,23 +269,84 @@ def run_served(
     return res
 
 
-def _profiled(loop: ServedLoop, conc: int, seconds: float = 3.0) -> list[dict[str, Any]]:
-    """Where a forward's host time goes: the functions with the most cumulative time over a
-    few seconds of steps under cProfile (its overhead inflates Python-heavy entries)."""
-    import cProfile
-    import pstats
+def _profiled(loop: ServedLoop, conc: int, seconds: float = 3.0) -> dict[str, Any]:
+    """Where a forward's time goes, over a few seconds of steps: the device is synchronised at
+    the edges of vLLM-Omni's ``forward``, the backend's ``plan_forward`` (preparation lookups,
+    stream setup and token pushes, then the engine step) and the engine's ``step``, so each
+    phase holds its own device work. Mean milliseconds per forward."""
+    backend = loop.stage.model.backend
+    spent: dict[str, float] = {"forward": 0.0, "plan_forward": 0.0, "engine_step": 0.0}
 
-    profiler = cProfile.Profile()
-    profiler.enable()
-    loop.run(conc, seconds=seconds)
-    profiler.disable()
-    stats = pstats.Stats(profiler)
-    rows = []
-    for (file, line, name), (_, calls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{Path(file).name}:{line}:{name}", "calls": calls,
-                     "own_s": round(own, 4), "cumulative_s": round(cum, 4)})
-    rows.sort(key=lambda r: -r["cumulative_s"])
-    return rows[:60]
+    def timed(name: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            _sync()
+            begin = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _sync()
+                spent[name] += time.perf_counter() - begin
+        return run
+
+    model = loop.stage.model
+    model.forward = timed("forward", model.forward)
+    backend.plan_forward = timed("plan_forward", backend.plan_forward)
+    backend.engine.step = timed("engine_step", backend.engine.step)
+    before = len(loop.forwards)
+    runner = backend.engine.runner
+    phases0 = dict(runner.phase_s)
+    runner.profile = True
+    try:
+        loop.run(conc, seconds=seconds)
+    finally:
+        runner.profile = False
+        for obj, name in ((model, "forward"), (backend, "plan_forward"),
+                          (backend.engine, "step")):
+            del obj.__dict__[name]
+    n = max(1, len(loop.forwards) - before)
+    syncs = _host_syncs(loop, conc) if torch.cuda.is_available() else {}
+    return {
+        "host_syncs_per_forward": syncs,
+        "forwards": n,
+        "forward_ms": spent["forward"] / n * 1e3,
+        "vllm_omni_outside_plan_ms": (spent["forward"] - spent["plan_forward"]) / n * 1e3,
+        "plan_outside_engine_step_ms": (spent["plan_forward"] - spent["engine_step"]) / n * 1e3,
+        "engine_step_ms": spent["engine_step"] / n * 1e3,
+        "engine_phase_ms": {k: (v - phases0.get(k, 0.0)) / n * 1e3
+                            for k, v in runner.phase_s.items()},
+    }
+
+
+def _host_syncs(loop: ServedLoop, conc: int, seconds: float = 1.5) -> dict[str, float]:
+    """Where the host waits for the device inside a forward: torch's sync debug mode warns at
+    every synchronising call; counted by the line of this project's or vLLM-Omni's code that
+    made it, per forward."""
+    import traceback
+    import warnings
+
+    counts: dict[str, int] = {}
+
+    def record(message: Any, *_: Any, **__: Any) -> None:
+        for frame in reversed(traceback.extract_stack()[:-1]):
+            if ("minicpm_speech_runtime" in frame.filename and "bench" not in frame.filename) \
+                    or "vllm_omni" in frame.filename:
+                where = f"{Path(frame.filename).name}:{frame.lineno}"
+                counts[where] = counts.get(where, 0) + 1
+                return
+
+    before = len(loop.forwards)
+    saved = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            loop.run(conc, seconds=seconds)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = saved
+    n = max(1, len(loop.forwards) - before)
+    return {k: v / n for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:25]}
 
 
 _LEADS = {
@@ -438,7 +499,7 @@ def main() -> None:
     p.add_argument("--own-conc", default="1,8,32", help="vLLM-Omni's own backend")
     p.add_argument("--window", type=float, default=8.0)
     p.add_argument("--voices", type=int, default=16, help="engine direct's prepared voices")
-    p.add_argument("--profile-conc", default="", help="served C to profile under cProfile")
+    p.add_argument("--profile-conc", default="", help="served C to time by phase")
     p.add_argument("--lead-steps", type=int, default=3,
                    help="stage-2 steps from a request's arrival to its first window")
     p.add_argument("--skip-engine", action="store_true")

@@ -26,7 +26,7 @@ Body = Callable[[], Any]
 
 @dataclass(frozen=True, slots=True, order=True)
 class GraphKey:
-    kind: str  # "decode", "setup" (estimator solves) or "hift"
+    kind: str  # "decode", "setup" (estimator solves), "hift" or "hift_tail" (last chunks)
     batch: int  # streams (estimator) or rows (vocoder)
     frames: int
     extra: int = 0  # vocoder: cached source samples

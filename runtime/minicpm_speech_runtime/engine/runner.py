@@ -335,7 +335,7 @@ class Runner:
     def precapture(self) -> int:
         """Capture the whole grid: decode solves, setup solves, then the vocoder (a failed
         capture stops all later ones, so the solves, which matter most, go first)."""
-        return self.graphs.precapture(("decode", "setup", "hift"))
+        return self.graphs.precapture(("decode", "setup", "hift", "hift_tail"))
 
 
 def _sync(device: torch.device) -> None:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import CHUNK_TOKENS
+from .config import CHUNK_TOKENS, LOOKAHEAD_TOKENS
 from .graphs import GraphDispatcher, GraphKey
 from .kernels import Kernels
 
@@ -28,6 +28,11 @@ SOURCE_CACHE = MEL_CACHE * 480  # 24 kHz samples per 50 Hz mel frame
 CHUNK_FRAMES = 2 * CHUNK_TOKENS
 # graphed (mel frames, cached source samples): a stream's first chunk, and every later one
 GRAPH_SHAPES = ((CHUNK_FRAMES, 0), (MEL_CACHE + CHUNK_FRAMES, SOURCE_CACHE))
+# A stream's last chunk holds whatever tokens remained (1 to 25 + 3): one row each, graphed
+# at batch 1 as kind "hift_tail", after every other graph has its share of the budget. Eager,
+# such a row costs HiFT's few hundred kernel launches: about 6 ms on an H200, once per stream.
+TAIL_TOKENS = tuple(range(1, CHUNK_TOKENS + LOOKAHEAD_TOKENS + 1))
+TAIL_SHAPES = tuple((MEL_CACHE + 2 * r, SOURCE_CACHE) for r in TAIL_TOKENS)
 
 
 @dataclass(slots=True)
@@ -56,12 +61,14 @@ class BatchedVocoder:
         window = np.hamming(2 * SOURCE_CACHE)
         self.window = torch.from_numpy(window).to(device)  # float64, as the reference's
         self.dispatcher = dispatcher
+        self.stft_window: torch.Tensor | None = None  # on the device once graphs are declared
         if dispatcher is not None and dispatcher.enabled and batch_sizes:
             self._declare(dispatcher, batch_sizes, device)
 
     def _declare(self, d: GraphDispatcher, sizes: list[int], device: torch.device) -> None:
         n = max(sizes)
-        self.mel = torch.zeros(n, 80, MEL_CACHE + CHUNK_FRAMES, device=device)
+        longest = max(f for f, _ in GRAPH_SHAPES + TAIL_SHAPES)
+        self.mel = torch.zeros(n, 80, longest, device=device)
         self.src = torch.zeros(n, 1, SOURCE_CACHE, device=device)
         self.stft_window = self.hift.stft_window.to(device)
         self.harmonics = device_harmonics(self.hift, device)
@@ -69,15 +76,24 @@ class BatchedVocoder:
             for frames, source in GRAPH_SHAPES:
                 key = GraphKey("hift", b, frames, source)
                 d.declare(key, lambda key=key: self._body(key), self._idle)
+        for frames, source in TAIL_SHAPES:
+            key = GraphKey("hift_tail", 1, frames, source)
+            d.declare(key, lambda key=key: self._body(key), self._idle)
 
     def _hift(self, mel: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """HiFT on [G, 80, L] mel and [G, 1, S] cached source; a graph when one fits."""
         g, frames, source = mel.shape[0], mel.shape[2], src.shape[2]
         d = self.dispatcher
-        key = None if d is None else d.select("hift", g, frames, extra=source)
+        kind = "hift_tail" if (frames, source) in TAIL_SHAPES else "hift"
+        key = None if d is None else d.select(kind, g, frames, extra=source)
         replay = None if key is None or d is None else d.replayer(key)
         if replay is None or key is None:
-            with _overridden(self.snakes):
+            # A shape without a graph (a stream's last chunk, mostly) runs eagerly, with the
+            # graphs' host-sync-free inverse STFT where the device has one: torch.istft's
+            # host check would stall the step until the device drained its queue.
+            safe = (_graph_safe(self.hift, self.stft_window, self.harmonics)
+                    if self.stft_window is not None else contextlib.nullcontext())
+            with safe, _overridden(self.snakes):
                 return self.hift(mel, src)  # type: ignore[no-any-return]
         self._idle()
         self.mel[:g, :, :frames].copy_(mel)
@@ -120,6 +136,12 @@ class BatchedVocoder:
         last: list[bool],
         out: list[torch.Tensor],
     ) -> None:
+        frames, source = full[idx[0]].shape[1], caches[idx[0]].source.shape[1]
+        tail = GraphKey("hift_tail", 1, frames, source)
+        if len(idx) > 1 and self.dispatcher is not None and tail in self.dispatcher.graphs:
+            for i in idx:  # tail graphs hold one row: a replay each beats one eager run
+                self._group([i], full, caches, last, out)
+            return
         mel = torch.stack([full[i] for i in idx])  # [G, 80, L]
         src = torch.stack([caches[i].source for i in idx])  # [G, 1, S]
         speech, source = self._hift(mel, src)  # [G, samples], [G, 1, samples]

@@ -174,6 +174,21 @@ class _StepTimer:
         self.pending = still
 
 
+def _host_rows(rows: Sequence[torch.Tensor]) -> list[list[int]]:
+    """Token rows as host lists, in one device-to-host copy: vLLM-Omni's windows are views of
+    the step's ``input_ids``, on the device, and a copy per row waits on the device each time."""
+    if not rows:
+        return []
+    flat = [r.reshape(-1) for r in rows]
+    values = torch.cat(flat).tolist()
+    out, at = [], 0
+    for r in flat:
+        n = int(r.numel())
+        out.append([int(v) for v in values[at : at + n]])
+        at += n
+    return out
+
+
 class Code2WavBackend:
     """vLLM-Omni's Code2Wav backend surface on this project's :class:`Code2WavEngine`."""
 
@@ -327,6 +342,8 @@ class Code2WavBackend:
         self._deferred.clear()
         self._planned_setups.clear()
         handles: list[StreamHandle] = []
+        rows: list[torch.Tensor] = []
+        lasts: list[bool] = []
         for batch in batches:
             head = batch[0]
             key = (head.prompt_cache_id, head.prompt_wav)
@@ -340,10 +357,12 @@ class Code2WavBackend:
             except Exception as exc:  # vLLM-Omni meets it at this batch, and names its requests
                 self._deferred[key] = exc
                 continue
-            for handle, item in zip(opened, batch, strict=True):
-                self._push(handle, item.tokens, item.last_chunk)
-                handle.planned = True
             handles += opened
+            rows += [item.tokens for item in batch]
+            lasts += [item.last_chunk for item in batch]
+        for handle, ids, last in zip(handles, _host_rows(rows), lasts, strict=True):
+            self._push(handle, ids, last)
+            handle.planned = True
         self.metrics.forwards.inc()
         self._run(handles)
 
@@ -423,8 +442,7 @@ class Code2WavBackend:
             if self._waiting.pop(sid, None) is None:
                 self.engine.cancel(sid)
 
-    def _push(self, handle: StreamHandle, row: torch.Tensor, last: bool) -> None:
-        ids = [int(t) for t in row.reshape(-1).tolist()]
+    def _push(self, handle: StreamHandle, ids: list[int], last: bool) -> None:
         if handle.windows:
             ids = ids[LOOKAHEAD_TOKENS:]
         handle.windows += 1
@@ -449,13 +467,15 @@ class Code2WavBackend:
     ) -> tuple[list[torch.Tensor], list[Any]]:
         self._cancel_dropped()
         handles: list[StreamHandle] = list(states)
-        unplanned = [h for h in handles if not h.planned]
-        for handle, row, last in zip(handles, rows, lasts, strict=True):
-            if not handle.planned:
-                self._push(handle, row, last)
+        unplanned = [i for i, h in enumerate(handles) if not h.planned]
+        pushed = _host_rows([rows[i] for i in unplanned])
+        for i, ids in zip(unplanned, pushed, strict=True):
+            self._push(handles[i], ids, lasts[i])
+        for handle in handles:
             handle.planned = False
-        if unplanned:
-            self._run(unplanned)
+        unplanned_handles = [handles[i] for i in unplanned]
+        if unplanned_handles:
+            self._run(unplanned_handles)
         return self._collect(handles), handles
 
     def _run(self, handles: list[StreamHandle]) -> None:

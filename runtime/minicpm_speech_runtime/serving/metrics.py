@@ -41,7 +41,8 @@ Names (all prefixed ``minicpm_speech_``):
 ``reference_arrival_to_first_window_seconds``   histogram  request arrival to stage 2's chunk 0
 =============================================  =========  ====================================
 
-``kind`` of the graph families is ``decode``, ``setup`` or ``hift``; the batched engine counts
+``kind`` of the graph families is ``decode``, ``setup``, ``hift`` or ``hift_tail`` (a stream's
+last chunk); the batched engine counts
 captures, replays and refusals over all kinds together, under ``kind="all"`` (its eager runs
 are by kind). The ``scalar`` setup mode and the ``decode`` graph kind of those counters are
 kept for dashboards built on vLLM-Omni's own Code2Wav; the engine does not use them.
@@ -77,7 +78,7 @@ PREP_OUTCOME: dict[str, tuple[str, str]] = {
 }
 assert set(PREP_OUTCOME) == set(OUTCOMES)
 
-GRAPH_KINDS = ("decode", "setup", "hift", "all")
+GRAPH_KINDS = ("decode", "setup", "hift", "hift_tail", "all")
 SETUP_MODES = ("batched", "scalar")
 COPIED = "copied"  # a setup_streams mode only: such a stream had no solve
 CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
