@@ -140,8 +140,9 @@ def test_graph_path_parity_and_no_capture_after_warmup(setup) -> None:  # type: 
     stats = eng.graph_stats()
     # decode 4 sizes x 2 buckets, HiFT 4 sizes x (first chunk, later chunks), packed setup
     # widths 256, 512, 768 and 900 (3 prompts of 300 frames), and a one-row HiFT graph for
-    # each length a last chunk can have (1 to 28 tokens): nothing runs eager
-    assert captured == stats["graphs"] == 8 + 8 + 4 + 28
+    # each length a last chunk can have (1 to 28 tokens, but 25: a continuing chunk's shape):
+    # nothing runs eager
+    assert captured == stats["graphs"] == 8 + 8 + 4 + 27
     assert stats["eager"] == {}
     assert stats["replays"] > 0 and stats["captures_after_warmup"] == 0 and stats["refusals"] == 0
     assert stats["replays"] > 0
@@ -160,3 +161,30 @@ def test_graph_safe_istft_matches_torch() -> None:
     got = _istft({"n_fft": 16, "hop_len": 4}, window, mag, phase)
     assert got.shape == want.shape
     assert float((got - want).abs().max()) < 1e-5
+
+
+def test_continuing_chunks_of_many_streams_are_one_hift_replay(setup) -> None:  # type: ignore[no-untyped-def]
+    """Four streams' continuing chunks (8 cached + 50 new frames) are one batched HiFT graph
+    replay; four last chunks, of four lengths, are one one-row replay each."""
+    from minicpm_speech_runtime.engine.vocoder import (
+        MEL_CACHE,
+        SOURCE_CACHE,
+        BatchedVocoder,
+        VocoderCache,
+    )
+
+    small, _ = setup
+    d = GraphDispatcher(64, FakeBackend())
+    voc = BatchedVocoder(small.hift, torch.device("cpu"), d, [1, 2, 4])
+    d.precapture(("hift", "hift_tail"))
+    d.warm = True
+
+    def caches(n: int) -> list[VocoderCache]:
+        return [VocoderCache(torch.randn(80, MEL_CACHE), torch.randn(1, SOURCE_CACHE) * 0.1,
+                             torch.randn(SOURCE_CACHE) * 0.1) for _ in range(n)]
+
+    with fixed_nsf_noise():
+        voc.run([torch.randn(80, 50) for _ in range(4)], caches(4), [False] * 4)
+        assert (d.counters.replays, dict(d.counters.eager)) == (1, {})
+        voc.run([torch.randn(80, 2 * r) for r in (3, 9, 17, 28)], caches(4), [True] * 4)
+    assert (d.counters.replays, dict(d.counters.eager)) == (5, {})

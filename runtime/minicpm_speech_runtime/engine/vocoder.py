@@ -32,7 +32,10 @@ GRAPH_SHAPES = ((CHUNK_FRAMES, 0), (MEL_CACHE + CHUNK_FRAMES, SOURCE_CACHE))
 # at batch 1 as kind "hift_tail", after every other graph has its share of the budget. Eager,
 # such a row costs HiFT's few hundred kernel launches: about 6 ms on an H200, once per stream.
 TAIL_TOKENS = tuple(range(1, CHUNK_TOKENS + LOOKAHEAD_TOKENS + 1))
-TAIL_SHAPES = tuple((MEL_CACHE + 2 * r, SOURCE_CACHE) for r in TAIL_TOKENS)
+TAIL_SHAPES = tuple(
+    shape for shape in ((MEL_CACHE + 2 * r, SOURCE_CACHE) for r in TAIL_TOKENS)
+    if shape not in GRAPH_SHAPES  # 25 tokens: a continuing chunk's shape, batched as one
+)
 
 
 @dataclass(slots=True)
