@@ -89,6 +89,10 @@ def _deploy_unknown_key(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
     return pod.args(deploy=pod.deploy_config({"batched_codewav": True}))
 
 
+def _deploy_stage_without_id(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
+    return pod.args(deploy=pod.deploy_config(text="stages:\n  - {max_num_seqs: 4}\n"))
+
+
 def _deploy_bad_base(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
     return pod.args(deploy=pod.deploy_config(base_config="/nowhere/minicpmo_4_5_turn.yaml"))
 
@@ -168,6 +172,8 @@ CASES: dict[str, tuple[Case, str, int]] = {
         1),
     "deploy config unknown key": (_deploy_unknown_key, "'batched_codewav' was unexpected", 1),
     "deploy config bad base": (_deploy_bad_base, "base_config /nowhere/", 1),
+    "deploy config stage without id": (
+        _deploy_stage_without_id, "stages.0 needs an integer stage_id", 1),
     "setup sizes over micro-batch": (
         _setup_over_micro, "setup_graph_batch_sizes [4] exceed micro_batch_size 2", 1),
     "float16 on the batched engine": (
@@ -204,3 +210,44 @@ def test_bad_environment_one_line_and_nothing_started(
     assert not list((pod.root / "mps-pipe").iterdir())
     assert not pod.server_log.exists()
     assert not list((pod.root / "run").iterdir())
+
+
+def test_what_vllm_omni_reads_of_a_deploy_config_is_accepted(tmp_path: Path) -> None:
+    """Keys vLLM-Omni 0.30 reads and this project does not (a run on CPU needs some of them)
+    pass the supervisor's check; only the Code2Wav extras are this project's to refuse."""
+    import yaml
+    from minicpm_speech_runtime.serving.config import load_deploy_config
+
+    extras = {"batched_code2wav": True, "cfm_graph_precapture": False,
+              "hift_graph_capture_batch_sizes": [1, 2], "token2wav_runtime_prompt_cache_size": 8}
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump({
+        "async_chunk": False,
+        "session_mode": "turn",
+        "stages": [{"stage_id": 0, "load_format": "dummy", "enforce_eager": True,
+                    "max_num_seqs": 1}],
+        "connectors": {"connector_of_shared_memory": {"name": "SharedMemoryConnector",
+                                                      "extra": extras}},
+    }))
+    assert load_deploy_config(path) == extras
+
+
+def test_the_gpu_check_is_skipped_only_by_the_test_switch(
+    pod: Pod, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from minicpm_speech_runtime.serving.config import (
+        TEST_WITHOUT_GPU_ENV,
+        StartupError,
+        parse_args,
+        validate,
+    )
+
+    _no_gpu_tool(pod, monkeypatch)
+    config = parse_args(pod.args(mps=False))
+    with pytest.raises(StartupError, match="nvidia-smi is not on PATH"):
+        validate(config)
+    monkeypatch.setenv(TEST_WITHOUT_GPU_ENV, "0")  # only "1" switches it off
+    with pytest.raises(StartupError, match="nvidia-smi is not on PATH"):
+        validate(config)
+    monkeypatch.setenv(TEST_WITHOUT_GPU_ENV, "1")
+    assert validate(config).server == config.server

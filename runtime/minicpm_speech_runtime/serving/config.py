@@ -4,6 +4,14 @@ Each check raises :class:`StartupError` with a one-line reason; :mod:`.cli` prin
 non-zero. The checks, in order: arguments; a visible GPU (``nvidia-smi -L``); the MPS pipe and
 log directories and ``nvidia-cuda-mps-control`` (with ``--mps``); the model folder (when the
 server command's model is a local path); the deploy config (when the command names one).
+
+The deploy config is vLLM-Omni's: the supervisor checks what this project reads of it, the
+Code2Wav connector's ``extra`` (every key there must be one this project or vLLM-Omni 0.30.0
+reads, so a misspelt option fails here rather than being ignored), its shape, and its
+``base_config``; every other key is vLLM-Omni's to accept or refuse.
+
+``MINICPM_SPEECH_TEST_WITHOUT_GPU=1`` skips the GPU check, for tests that run the pod's command
+on a machine without a GPU; the operator never sets it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,19 @@ TOKEN2WAV_FILES = (
     "speech_tokenizer_v2_25hz.onnx",
 )
 DEFAULT_PROMPT = ("assets", "HT_ref_audio.wav")
+# What vLLM-Omni 0.30.0 reads from the Code2Wav connector's extra (its minicpmo_4_5 Code2Wav and
+# stage-1 hook) beyond the keys profiles/schema.json describes; the vLLM-Omni lane checks this
+# list against its source.
+VLLM_OMNI_ONLY_EXTRAS = (
+    "code2wav_bfloat16_attention_cache",
+    "hift_graph_capture_batch_sizes",
+    "prompt_cache_id",
+    "prompt_wav",
+    "token2wav_trt",
+    "token2wav_trt_dtype",
+    "token2wav_trt_max_batch",
+)
+TEST_WITHOUT_GPU_ENV = "MINICPM_SPEECH_TEST_WITHOUT_GPU"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 
@@ -356,28 +377,55 @@ def load_deploy_config(path: Path) -> dict[str, Any]:
             raise StartupError(f"deploy config {path}: base_config must be a file name")
         if base.startswith("/") and not Path(base).is_file():
             raise StartupError(f"deploy config {path}: base_config {base} does not exist")
-    schema = _profile_schema()
-    if schema is not None:
-        import jsonschema
-
-        validator = jsonschema.Draft202012Validator(schema)
-        errors = sorted(validator.iter_errors(overlay), key=lambda e: list(e.absolute_path))
-        if errors:
-            first = errors[0]
-            where = ".".join(str(p) for p in first.absolute_path) or "(top level)"
-            raise StartupError(f"deploy config {path}: {where}: {first.message}")
+    _check_shape(path, overlay)
     extras = _dig(overlay, EXTRA_PATH)
     if extras is None:
         return {}
     if not isinstance(extras, dict):
         raise StartupError(f"deploy config {path}: {'.'.join(EXTRA_PATH)} is not a mapping")
+    _check_extras(path, extras)
     _own_checks(extras)
     return extras
 
 
+def _check_shape(path: Path, overlay: Mapping[str, Any]) -> None:
+    """What vLLM-Omni needs to merge the overlay into its base: stages by ``stage_id``."""
+    stages = overlay.get("stages")
+    if stages is None:
+        return
+    if not isinstance(stages, list):
+        raise StartupError(f"deploy config {path}: stages is not a list")
+    for i, stage in enumerate(stages):
+        if not isinstance(stage, dict) or isinstance(stage.get("stage_id"), bool) \
+                or not isinstance(stage.get("stage_id"), int):
+            raise StartupError(f"deploy config {path}: stages.{i} needs an integer stage_id")
+    for key in ("connectors", "platforms"):
+        if key in overlay and not isinstance(overlay[key], dict):
+            raise StartupError(f"deploy config {path}: {key} is not a mapping")
+
+
+def _check_extras(path: Path, extras: Mapping[str, Any]) -> None:
+    """The Code2Wav extras against the schema's ``code2wavExtra`` (types and ranges), with the
+    keys only vLLM-Omni reads allowed as they are."""
+    schema = _profile_schema()
+    if schema is None:
+        return
+    import jsonschema
+
+    extra = dict(schema["$defs"]["code2wavExtra"])
+    extra["properties"] = {**extra["properties"], **{k: {} for k in VLLM_OMNI_ONLY_EXTRAS}}
+    validator = jsonschema.Draft202012Validator({**extra, "$defs": schema["$defs"]})
+    errors = sorted(validator.iter_errors(dict(extras)), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = ".".join([*EXTRA_PATH, *(str(p) for p in first.absolute_path)])
+        raise StartupError(f"deploy config {path}: {where}: {first.message}"[:500])
+
+
 def validate(config: SupervisorConfig) -> SupervisorConfig:
     """Every environment and config check; returns the config with the extras filled in."""
-    check_gpu()
+    if os.environ.get(TEST_WITHOUT_GPU_ENV) != "1":
+        check_gpu()
     if config.mps:
         check_mps_environment()
     server = config.server
