@@ -34,6 +34,7 @@ from minicpm_speech_runtime.serving.batched import (
 )
 from minicpm_speech_runtime.serving.config import batched_engine_refusal
 from minicpm_speech_runtime.serving.metrics import RuntimeMetrics
+from minicpm_speech_runtime.wav import BadReference
 from prometheus_client import CollectorRegistry
 
 CPU = torch.device("cpu")
@@ -390,17 +391,79 @@ def test_a_request_beyond_capacity_waits_for_a_slot_and_completes(four_voices) -
     assert value("minicpm_speech_code2wav_waiting_streams") == 0
 
 
-def test_a_voice_that_fails_in_planning_fails_at_its_own_batch(four_voices) -> None:  # type: ignore[no-untyped-def]
+def test_a_refused_voice_fails_its_requests_alone(four_voices) -> None:  # type: ignore[no-untyped-def]
+    """One forward: a voice the engine cannot set up (too long), a reference preparation
+    refuses (silent) and a good one. The forward goes on: the good request decodes in the same
+    step, the other two get no audio, now or in their later windows, and are counted."""
     small, voices = four_voices
     feats = {"v0": features_of(voices[0], "v0"), "v3": features_of(voices[3], "v3")}
-    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats,
+    registry = CollectorRegistry()
+    backend = make_backend(small, RuntimeMetrics(registry), feats,
                            max_prompt_frames=120)  # v3's 4.1 s prompt does not fit
+
+    def silent(cache_id: str, wav: str) -> Any:
+        if cache_id == "quiet":
+            raise BadReference("silent", "peak below -80 dBFS")
+        return feats[cache_id]
+
+    backend.inline_prepare = silent
+    tokens = utterance(60, 8)
+    first = {v: [Item(v, f"/spool/{v}.wav", torch.tensor(tokens[:28]), False)]
+             for v in ("v3", "quiet", "v0")}
+    with fixed_nsf_noise():
+        out = vllm_omni_forward(backend, list(first.values()))
+        audio = {item.prompt_cache_id: a for item, a, _ in out}
+        assert audio["v0"].numel() > 0 and audio["v3"].numel() == audio["quiet"].numel() == 0
+        assert backend.engine.num_streams == 1 and backend.engine.counters.steps == 1
+        handles = {item.prompt_cache_id: h for item, _, h in out}
+        assert handles["v3"].finished and handles["quiet"].finished
+        later = [[Item(v, f"/spool/{v}.wav", torch.tensor(tokens[25:]), True,
+                       types.SimpleNamespace(token2wav=handles[v]))] for v in first]
+        out = vllm_omni_forward(backend, later)
+    audio = {item.prompt_cache_id: a for item, a, _ in out}
+    assert audio["v0"].numel() > 0 and audio["v3"].numel() == audio["quiet"].numel() == 0
+    value = registry.get_sample_value
+    assert value("minicpm_speech_code2wav_refused_requests_total", {"reason": "voice"}) == 2
+    assert backend.engine.num_streams == 0 and backend.waiting_streams == 0
+
+
+def test_a_token_outside_the_codebook_ends_its_own_stream(four_voices) -> None:  # type: ignore[no-untyped-def]
+    small, voices = four_voices
+    feats = {f"v{i}": features_of(voices[i], f"v{i}") for i in (0, 1)}
+    registry = CollectorRegistry()
+    backend = make_backend(small, RuntimeMetrics(registry), feats)
+    good, bad = utterance(28, 10), utterance(28, 11)
+    bad[5] = 99_999
+    batches = [[Item("v0", "/spool/v0.wav", torch.tensor(good), True)],
+               [Item("v1", "/spool/v1.wav", torch.tensor(bad), True)]]
+    with fixed_nsf_noise():
+        out = vllm_omni_forward(backend, batches)
+    audio = {item.prompt_cache_id: a for item, a, _ in out}
+    assert audio["v0"].numel() > 0 and audio["v1"].numel() == 0
+    value = registry.get_sample_value
+    assert value("minicpm_speech_code2wav_refused_requests_total", {"reason": "tokens"}) == 1
+    assert backend.engine.num_streams == 0
+
+
+def test_a_failure_that_is_not_the_requests_is_raised_at_its_batch(four_voices) -> None:  # type: ignore[no-untyped-def]
+    """Anything but the request's own input (here, preparation breaking) is vLLM-Omni's to
+    handle: it is raised where vLLM-Omni calls the backend for that batch."""
+    small, voices = four_voices
+    feats = {"v0": features_of(voices[0], "v0")}
+    backend = make_backend(small, RuntimeMetrics(CollectorRegistry()), feats)
+
+    def broken(cache_id: str, wav: str) -> Any:
+        if cache_id == "v1":
+            raise RuntimeError("CUDA error: out of memory")
+        return feats[cache_id]
+
+    backend.inline_prepare = broken
     good = [Item("v0", "/spool/v0.wav", torch.tensor(utterance(28, 8)), False)]
-    bad = [Item("v3", "/spool/v3.wav", torch.tensor(utterance(28, 9)), False)]
+    bad = [Item("v1", "/spool/v1.wav", torch.tensor(utterance(28, 9)), False)]
     with fixed_nsf_noise():
         backend.plan_forward([bad, good])
-        with pytest.raises(ValueError, match="max_prompt_frames"):
-            backend.prepare_prompt("v3", "/spool/v3.wav")  # where vLLM-Omni meets that batch
+        with pytest.raises(RuntimeError, match="out of memory"):
+            backend.prepare_prompt("v1", "/spool/v1.wav")  # where vLLM-Omni meets that batch
         f0 = backend.prepare_prompt("v0", "/spool/v0.wav")
         [handle] = backend.setup_batch(f0, 1)
         audios, _ = backend.decode_ragged_batch([good[0].tokens], f0, [handle],

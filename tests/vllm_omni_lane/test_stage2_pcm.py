@@ -9,6 +9,7 @@ project's runtime behind the plugin, and of this project's engine driven directl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -240,10 +241,16 @@ EIGHT = [
 ]
 
 
+@pytest.fixture(scope="module")
+def eight_own(own: Code2WavPath) -> dict[str, np.ndarray]:
+    """vLLM-Omni's own PCM of ``EIGHT``."""
+    return own.run(EIGHT)[1]
+
+
 def test_one_forward_of_eight_voices_is_one_engine_step(
-    runtime: Code2WavPath, own: Code2WavPath
+    runtime: Code2WavPath, eight_own: dict[str, np.ndarray]
 ) -> None:
-    _, their_pcm = own.run(EIGHT)
+    their_pcm = eight_own
     ours, our_pcm = runtime.run(EIGHT)
     assert_close(our_pcm, their_pcm)
     everyone = [rids for rids, _ in ours.forwards if len(rids) == len(EIGHT)]
@@ -338,3 +345,25 @@ def test_voices_are_prepared_from_arrival_before_their_first_window(
         assert list((plugin_on / "arrivals").glob("*.ref")) == []
     finally:
         backend.close()
+
+
+def test_a_silent_reference_fails_its_request_alone(
+    runtime: Code2WavPath, eight_own: dict[str, np.ndarray]
+) -> None:
+    """One of the eight voices is silence, which vLLM-Omni accepts and this project's
+    preparation refuses. vLLM-Omni would fail the whole forward on a backend error; here that
+    request alone gets no audio, and the other seven, in the same forwards, are vLLM-Omni's own
+    audio."""
+    silent = dataclasses.replace(EIGHT[2], ref=np.zeros_like(EIGHT[2].ref))
+    requests = [*EIGHT[:2], silent, *EIGHT[3:]]
+    refused = "minicpm_speech_code2wav_refused_requests_total"
+    before = REGISTRY.get_sample_value(refused, {"reason": "voice"}) or 0.0
+    ours, our_pcm = runtime.run(requests)
+    assert our_pcm[silent.rid].size == 0
+    assert (REGISTRY.get_sample_value(refused, {"reason": "voice"}) or 0.0) - before == 1
+    assert any(silent.rid in rids and len(rids) > 1 for rids, _ in ours.forwards)
+    others = {r.rid for r in requests if r is not silent}
+    assert_close({r: our_pcm[r] for r in others}, {r: eight_own[r] for r in others})
+    backend = runtime.model.backend
+    assert isinstance(backend, Code2WavBackend)
+    assert backend.engine.num_streams == 0 and backend.waiting_streams == 0

@@ -30,7 +30,8 @@ counters), ``engine`` (the step).
 """
 
 from .config import EngineConfig
-from .engine import ChunkOut, Code2WavEngine, EngineCounters
+from .engine import ChunkOut, Code2WavEngine, EngineCounters, VoiceRefused
 from .state import EndReason
 
-__all__ = ["ChunkOut", "Code2WavEngine", "EndReason", "EngineConfig", "EngineCounters"]
+__all__ = ["ChunkOut", "Code2WavEngine", "EndReason", "EngineConfig", "EngineCounters",
+           "VoiceRefused"]

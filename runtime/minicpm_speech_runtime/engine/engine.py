@@ -20,6 +20,10 @@ from .state import EndReason, Phase, StreamState
 from .transfer import to_host
 
 
+class VoiceRefused(ValueError):
+    """A prepared voice this engine cannot set up; it belongs to its request alone."""
+
+
 @dataclass(slots=True)
 class ChunkOut:
     """One step's result for one stream; ``pcm`` is float32 24 kHz mono on the CPU."""
@@ -64,16 +68,16 @@ class Code2WavEngine:
 
     # public API
     def check_voice(self, voice: Any) -> None:
-        """Raise ValueError, naming the field, for a voice the engine cannot set up."""
+        """Raise :class:`VoiceRefused`, naming the field, for a voice the engine cannot set up."""
         frames = int(voice.prompt_mels.shape[1])
         tokens = int(voice.prompt_tokens.shape[1])
         if frames > self.config.max_prompt_frames:
-            raise ValueError(
+            raise VoiceRefused(
                 f"voice prompt_mels: {frames} frames > max_prompt_frames "
                 f"({self.config.max_prompt_frames}); use a shorter reference or raise it"
             )
         if frames < 2 or frames != self.up_rate * tokens:
-            raise ValueError(
+            raise VoiceRefused(
                 f"voice prompt_mels: {frames} frames for {tokens} prompt tokens; a prepared "
                 f"voice has {self.up_rate} frames per token and at least one token"
             )

@@ -18,6 +18,14 @@ vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
   error handling names the batch's requests. The engine steps again only to finish a final
   window longer than one chunk (25 tokens), because vLLM-Omni lets a request go after its last
   window; such steps are counted (``reason="final_window"``).
+* **A request's own faults fail it alone.** vLLM-Omni fails a whole forward, every request in
+  it, when its backend raises. A reference voice that preparation refuses (silent, say;
+  :class:`~minicpm_speech_runtime.wav.BadReference`) or that the engine cannot set up
+  (:class:`~minicpm_speech_runtime.engine.VoiceRefused`) therefore does not raise: its
+  requests get a :class:`RefusedVoice` and handles that are already finished, so they decode
+  no audio, and the forward goes on for everyone else; a token outside the codebook ends its
+  own stream in the engine. Each refused request is logged once and counted
+  (``code2wav_refused_requests_total{reason}``). Any other failure is raised at its batch.
 * **Capacity.** The engine holds ``max_streams`` streams (stage 2's ``max_num_seqs``). A
   request beyond them waits, first come first served, its tokens kept, and starts when a stream
   ends; the queue's depth and each wait are metrics.
@@ -58,9 +66,10 @@ from typing import Any, ClassVar
 import torch
 
 from ..device import PreparedVoice
-from ..engine import Code2WavEngine
+from ..engine import Code2WavEngine, EndReason, VoiceRefused
 from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, PROMPT_PAD_TOKEN
 from ..prep import VoicePrep
+from ..wav import BadReference
 from .batched import voice_from_features
 from .metrics import RuntimeMetrics
 
@@ -123,12 +132,26 @@ class StreamHandle:
     finished: bool = False
     reason: str | None = None
     planned: bool = False  # this forward's window was pushed by ``plan_forward``
+    warned: bool = False  # its dropped tokens were logged
 
     # vLLM-Omni buckets continuing requests by the tensor shapes of their states' caches
     # (``state_shape_signature`` reads these two); a handle's caches live in the engine, so
     # every handle of one prompt and epoch shares one bucket and the engine takes ragged rows.
     flow_cache: ClassVar[Mapping[str, torch.Tensor]] = MappingProxyType({})
     hift_cache: ClassVar[Mapping[str, torch.Tensor]] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class RefusedVoice:
+    """What ``prepare_prompt`` gives for a voice that cannot be served; vLLM-Omni hands it back
+    to ``setup_batch``, which opens finished handles for it."""
+
+    cache_key: tuple[str, str]
+    reason: str
+
+
+REFUSED = "refused-voice"  # the end reason of a refused voice's handles
+REQUEST_FAULTS = (BadReference, VoiceRefused)
 
 
 @dataclass(eq=False)
@@ -226,6 +249,7 @@ class Code2WavBackend:
         self._stash: dict[int, list[torch.Tensor]] = {}  # audio of a stream until collected
         self._ended: dict[int, str] = {}
         self._deferred: dict[tuple[str, str], Exception] = {}  # raised at that batch's call
+        self._refused: dict[tuple[str, str], str] = {}  # voices that cannot be served, and why
         self._planned_setups: dict[tuple[str, str], deque[list[StreamHandle]]] = {}
         self._timer = _StepTimer(metrics, device)
         self._graph_seen: dict[tuple[str, str], int] = {}
@@ -259,9 +283,19 @@ class Code2WavBackend:
         failed = self._deferred.pop(key, None)
         if failed is not None:
             raise failed
+        refused = self._refused.get(key)
+        if refused is not None:
+            return RefusedVoice(key, refused)
         cached = self._features.get(key)
         if cached is not None:
             return cached
+        try:
+            return self._prepare(key)
+        except BadReference as exc:
+            return self._refuse(key, exc)
+
+    def _prepare(self, key: tuple[str, str]) -> Any:
+        prompt_cache_id, prompt_wav = key
         if self.prep is None:
             features = self.inline_prepare(prompt_cache_id, prompt_wav)
             self.metrics.preparations.labels("inline", "inline").inc()
@@ -293,6 +327,7 @@ class Code2WavBackend:
     def evict_prompt(self, prompt_cache_id: str, prompt_wav: str) -> None:
         key = (prompt_cache_id, prompt_wav)
         features = self._features.pop(key, None)
+        self._refused.pop(key, None)
         with self._lock:
             self._arrived.pop(prompt_cache_id, None)
         self._voices.pop(getattr(features, "cache_key", key), None)
@@ -312,11 +347,33 @@ class Code2WavBackend:
         planned = self._planned_setups.get(key) if isinstance(key, tuple) else None
         if planned and len(planned[0]) == batch_size:
             return planned.popleft()
+        if isinstance(features, RefusedVoice):
+            return self._refused_handles(features, batch_size)
         voice = self._voice(features)
-        self.engine.check_voice(voice)
+        try:
+            self.engine.check_voice(voice)
+        except VoiceRefused as exc:
+            if not isinstance(key, tuple):
+                raise
+            return self._refused_handles(self._refuse(key, exc), batch_size)
         handles = [self._open(voice) for _ in range(batch_size)]
         self._admit()
         return handles
+
+    def _refuse(self, key: tuple[str, str], exc: Exception) -> RefusedVoice:
+        reason = str(exc)[:300]
+        if key not in self._refused:
+            log.warning("Code2Wav voice %s refused; its requests get no audio: %s",
+                        key[0][:100], reason)
+        self._refused[key] = reason
+        return RefusedVoice(key, reason)
+
+    def _refused_handles(self, refused: RefusedVoice, n: int) -> list[StreamHandle]:
+        with self._lock:
+            first = self._next_id
+            self._next_id += n
+        self.metrics.refused_requests.labels("voice").inc(n)
+        return [StreamHandle(first + i, finished=True, reason=REFUSED) for i in range(n)]
 
     def decode_batch(
         self, tokens: torch.Tensor, features: Any, states: list[Any], *, last_chunk: bool,
@@ -456,7 +513,8 @@ class Code2WavBackend:
             return
         if handle.finished or sid in self._ended:
             reason = handle.reason or self._ended.get(sid)
-            if ids and reason != "done":
+            if ids and reason not in ("done", REFUSED) and not handle.warned:
+                handle.warned = True
                 log.warning("Code2Wav stream %s ended (%s); %d tokens of it are dropped",
                             sid, reason, len(ids))
             return
@@ -512,6 +570,8 @@ class Code2WavBackend:
                     first = True
             if out.finished:
                 self._ended[sid] = out.reason or "done"
+                if (out.reason or "").startswith(EndReason.BAD_TOKEN.value):
+                    self.metrics.refused_requests.labels("tokens").inc()
                 self._final.discard(sid)
                 self._unstarted.discard(sid)
         self._timer.stop(begin, first)

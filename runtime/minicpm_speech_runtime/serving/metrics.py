@@ -34,6 +34,10 @@ Names (all prefixed ``minicpm_speech_``):
 ``code2wav_waiting_streams``                    gauge    streams waiting for a slot (livesum)
 ``code2wav_slot_wait_seconds``                  histogram  from a stream's setup to its slot
 ``gpu_memory_bytes{kind}``                      gauge    torch allocator (livesum)
+``code2wav_refused_requests_total{reason}``     counter  requests served no audio because of
+                                                           their own input: ``voice`` (refused
+                                                           reference), ``tokens`` (a token
+                                                           outside the codebook)
 ``reference_arrivals_total{outcome}``           counter  voices spooled at request arrival:
                                                            ``taken`` to preparation, ``expired``,
                                                            ``bad_file``, ``failed``
@@ -85,6 +89,7 @@ CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.
 WAIT_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STEP_REASONS = ("forward", "final_window")
 ARRIVAL_OUTCOMES = ("taken", "expired", "bad_file", "failed")
+REFUSAL_REASONS = ("voice", "tokens")
 LEAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -154,6 +159,10 @@ class RuntimeMetrics:
             f"{p}_gpu_memory_bytes", "GPU memory of the torch allocator in the Code2Wav process",
             ["kind"], multiprocess_mode="livesum", **kw,
         )
+        self.refused_requests = Counter(
+            f"{p}_code2wav_refused_requests", "Requests failed alone by their own input",
+            ["reason"], **kw,
+        )
         self.arrivals = Counter(
             f"{p}_reference_arrivals", "Reference voices spooled at request arrival",
             ["outcome"], **kw,
@@ -187,6 +196,8 @@ class RuntimeMetrics:
             self.engine_steps.labels(reason)
         for outcome in ARRIVAL_OUTCOMES:
             self.arrivals.labels(outcome)
+        for reason in REFUSAL_REASONS:
+            self.refused_requests.labels(reason)
 
     def record_prep_counters(self, snapshot: Mapping[str, int]) -> None:
         """Add what part 1's :class:`PrepCounters` counted since the last call."""
