@@ -210,6 +210,12 @@ class VoicePrep:
             job = self._jobs.get(request_id)
             return None if job is None else job.done_at
 
+    def preparing(self, request_id: str) -> bool:
+        """Whether the request's job is still queued or running."""
+        with self._lock:
+            job = self._jobs.get(request_id)
+            return job is not None and job.state in (JobState.QUEUED, JobState.RUNNING)
+
     def pending_jobs(self) -> int:
         with self._lock:
             return len(self._jobs)

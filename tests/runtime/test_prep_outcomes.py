@@ -113,6 +113,21 @@ def test_late_job_falls_back_inline(setup) -> None:  # type: ignore[no-untyped-d
     assert prep.live_spool_files() == [] and prep.pins() == {}
 
 
+def test_a_job_is_preparing_until_its_voice_is_ready(setup) -> None:  # type: ignore[no-untyped-def]
+    prep, host, _ = setup
+    data = wav_bytes(1.0, seed=6)
+    gate = host.gate(data)
+    assert not prep.preparing("r")  # no job yet
+    prep.submit("r", data)
+    assert host.entered[data].wait(10)
+    assert prep.preparing("r") and prep.prepared_at("r") is None
+    gate.set()
+    assert prep.wait_idle()
+    assert not prep.preparing("r") and prep.prepared_at("r") is not None
+    prep.release("r")
+    assert not prep.preparing("r")
+
+
 def test_bad_audio_fails_only_its_request(setup) -> None:  # type: ignore[no-untyped-def]
     prep, _, _ = setup
     good, bad = wav_bytes(1.0, seed=4), b"RIFF\x00\x00"

@@ -228,9 +228,12 @@ def run_served(
     leads = _arrival_leads()
     prep = getattr(model.backend, "prep", None)
     outcomes = prep.counters.snapshot() if prep is not None else {}
+    waits = _Waits(model) if extras.get("batched_code2wav") else None
     t0 = time.perf_counter()
     loop.run(conc, seconds=window)
     wall = time.perf_counter() - t0
+    if waits is not None:
+        waits.close()
     steps = [n for n in loop.forwards if n is not None]
     res: dict[str, Any] = {
         # audio over the time stage 2 spent in its forwards: stage 1's hook and the transport,
@@ -251,6 +254,8 @@ def run_served(
         "lead_steps": lead_steps,
         **_arrival_leads(leads),
     }
+    if waits is not None:
+        res["waits_ms_per_forward"] = waits.per_forward(len(loop.forwards))
     if prep is not None:
         after = prep.counters.snapshot()
         res["prep_outcomes"] = {k: after[k] - outcomes.get(k, 0) for k in after}
@@ -267,6 +272,48 @@ def run_served(
         close()
     del loop, model
     return res
+
+
+class _Waits:
+    """Where a forward's host thread waits, without syncing anything itself: on the backend's
+    model lock (held by the arrival watcher while it normalises a voice) and in the engine's
+    device-to-host copy of a step's audio (the host is ahead of the device there)."""
+
+    def __init__(self, model: Any) -> None:
+        import threading
+
+        from ..engine import engine as engine_module
+
+        self.spent = {"model_lock": 0.0, "device": 0.0}
+        self.backend, self.module = model.backend, engine_module
+        self.lock, self.to_host = model.backend.model_lock, engine_module.to_host
+        main, spent, lock, to_host = threading.main_thread(), self.spent, self.lock, self.to_host
+
+        class TimedLock:
+            def __enter__(self) -> None:
+                begin = time.perf_counter()
+                lock.acquire()
+                if threading.current_thread() is main:
+                    spent["model_lock"] += time.perf_counter() - begin
+
+            def __exit__(self, *_: Any) -> None:
+                lock.release()
+
+        def timed_to_host(tensors: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return to_host(tensors)
+            finally:
+                spent["device"] += time.perf_counter() - begin
+
+        self.backend.model_lock = TimedLock()
+        engine_module.to_host = timed_to_host
+
+    def close(self) -> None:
+        self.backend.model_lock, self.module.to_host = self.lock, self.to_host
+
+    def per_forward(self, forwards: int) -> dict[str, float]:
+        return {k: v / max(1, forwards) * 1e3 for k, v in self.spent.items()}
 
 
 def _profiled(loop: ServedLoop, conc: int, seconds: float = 3.0) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from ..prep import VoicePrep
 from ..wav import BadReference
 from .batched import voice_from_features
 from .metrics import RuntimeMetrics
+from .prompt_memo import PromptMemo
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,8 @@ class Code2WavBackend:
         self._timer = _StepTimer(metrics, device)
         self._graph_seen: dict[tuple[str, str], int] = {}
         self._setups_seen = (0, 0, 0)
+        # raw references vLLM-Omni normalised, read by the plugin's _materialize_runtime_prompt
+        self.prompt_memo = PromptMemo()
         metrics.set_graph_budget(0, options.cfm_max_graphs)
 
     # ----------------------------------------------------------------- references

@@ -44,6 +44,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from .control import (
     control_dir_from_env,
     write_json,
 )
+from .prompt_memo import PromptMemo, raw_reference
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +148,23 @@ def patch_code2wav(cls: type) -> bool:
             return iter(batches)
 
         def _materialize_runtime_prompt(self: Any, ref_audio: Any, sample_rate: Any) -> Any:
-            cache_key, entry = original_materialize(self, ref_audio, sample_rate)
-            if isinstance(self.backend, Code2WavBackend):
-                try:
-                    self.backend.submit_ahead(entry.cache_id, entry.path)
-                except Exception:  # preparation falls back inline at chunk 0
-                    log.exception("plugin: ahead-of-time preparation not started")
-            return cache_key, entry
+            backend = self.backend
+            if not isinstance(backend, Code2WavBackend):
+                return original_materialize(self, ref_audio, sample_rate)
+            # a voice normalised before (at its request's arrival, or sent again) is not
+            # normalised and hashed again on the forward's path
+            known = remembered_prompt(self, backend.prompt_memo, ref_audio, sample_rate)
+            if known is None:
+                known = original_materialize(self, ref_audio, sample_rate)
+                raw = raw_reference(ref_audio, sample_rate)
+                if raw is not None:
+                    backend.prompt_memo.remember(*raw, known[0])
+            entry = known[1]
+            try:
+                backend.submit_ahead(entry.cache_id, entry.path)
+            except Exception:  # preparation falls back inline at chunk 0
+                log.exception("plugin: ahead-of-time preparation not started")
+            return known
 
         original_forward = cls.forward  # type: ignore[attr-defined]
         original_finished = cls.on_requests_finished  # type: ignore[attr-defined]
@@ -172,6 +184,26 @@ def patch_code2wav(cls: type) -> bool:
         cls._materialize_runtime_prompt = _materialize_runtime_prompt  # type: ignore[attr-defined]
         setattr(cls, MARKER, True)
         return True
+
+
+def remembered_prompt(
+    model: Any, memo: PromptMemo, ref_audio: Any, sample_rate: Any
+) -> tuple[str, Any] | None:
+    """vLLM-Omni's ``(cache_key, entry)`` for a reference it already normalised, as its own
+    ``_materialize_runtime_prompt`` returns an existing entry (moved to the recent end of its
+    table); None when the memo does not know these samples or vLLM-Omni let the entry go."""
+    raw = raw_reference(ref_audio, sample_rate)
+    cache_key = memo.lookup(*raw) if raw is not None else None
+    if cache_key is None:
+        return None
+    prompts = getattr(model, "_runtime_prompts", None)
+    if not isinstance(prompts, OrderedDict):
+        return None
+    entry = prompts.get(cache_key)
+    if entry is None or not Path(entry.path).is_file():
+        return None
+    prompts.move_to_end(cache_key)
+    return cache_key, entry
 
 
 def _model_lock(model: Any) -> Any:
@@ -265,6 +297,10 @@ def install_runtime_backend(model: Any) -> Any:
     }
     _replace_backend(model, backend)
     del inner
+    prompts = getattr(model, "_runtime_prompt_cache_size", 0)
+    if isinstance(prompts, int):  # as many raw voices as vLLM-Omni keeps prompts, and streams
+        streams = backend.engine.config.max_streams
+        backend.prompt_memo = PromptMemo(max_entries=max(16, prompts + streams))
     if device.type == "cuda":
         import torch
 
