@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from minicpm_speech_runtime.counters import OUTCOMES
-from minicpm_speech_runtime.serving.metrics import PREP_OUTCOME, RuntimeMetrics
+from minicpm_speech_runtime.engine import EndReason
+from minicpm_speech_runtime.serving.metrics import PREP_OUTCOME, STREAM_ENDS, RuntimeMetrics
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,6 +30,7 @@ EXPECTED = {
     "minicpm_speech_code2wav_engine_steps": "counter",
     "minicpm_speech_code2wav_waiting_streams": "gauge",
     "minicpm_speech_code2wav_slot_wait_seconds": "histogram",
+    "minicpm_speech_code2wav_streams_ended": "counter",
     "minicpm_speech_gpu_memory_bytes": "gauge",
     # the supervisor's own
     "minicpm_speech_ready": "gauge",
@@ -50,6 +52,19 @@ def test_every_part1_outcome_is_mapped() -> None:
     assert set(PREP_OUTCOME) == set(OUTCOMES)
     assert {o for o, _ in PREP_OUTCOME.values()} == {
         "ahead", "inline", "late", "failed", "abandoned"}
+
+
+def test_every_engine_end_reason_has_its_own_label() -> None:
+    assert {r.value for r in EndReason} == set(STREAM_ENDS) - {"other"}
+    registry = CollectorRegistry()
+    m = RuntimeMetrics(registry)
+    for reason in ("done", "done", "token-out-of-range: 9000 at 3", "refused-voice"):
+        m.stream_ended(reason)
+    ended = "minicpm_speech_code2wav_streams_ended_total"
+    assert registry.get_sample_value(ended, {"reason": "done"}) == 2
+    assert registry.get_sample_value(ended, {"reason": "token-out-of-range"}) == 1
+    assert registry.get_sample_value(ended, {"reason": "other"}) == 1
+    assert registry.get_sample_value(ended, {"reason": "cancelled"}) == 0
 
 
 def test_prep_counters_are_exported_as_deltas() -> None:

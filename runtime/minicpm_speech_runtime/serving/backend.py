@@ -573,6 +573,7 @@ class Code2WavBackend:
                     first = True
             if out.finished:
                 self._ended[sid] = out.reason or "done"
+                self.metrics.stream_ended(out.reason or "done")
                 if (out.reason or "").startswith(EndReason.BAD_TOKEN.value):
                     self.metrics.refused_requests.labels("tokens").inc()
                 self._final.discard(sid)

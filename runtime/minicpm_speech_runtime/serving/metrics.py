@@ -90,6 +90,9 @@ WAIT_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STEP_REASONS = ("forward", "final_window")
 ARRIVAL_OUTCOMES = ("taken", "expired", "bad_file", "failed")
 REFUSAL_REASONS = ("voice", "tokens")
+# How a Code2Wav stream ended: the engine's end reasons (serving/backend.py names them).
+STREAM_ENDS = ("done", "cancelled", "token-out-of-range", "empty", "idle-timeout",
+               "prompt-too-long", "fault", "other")
 LEAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -163,6 +166,10 @@ class RuntimeMetrics:
             f"{p}_code2wav_refused_requests", "Requests failed alone by their own input",
             ["reason"], **kw,
         )
+        self.streams_ended = Counter(
+            f"{p}_code2wav_streams_ended", "Code2Wav streams the engine ended, by why",
+            ["reason"], **kw,
+        )
         self.arrivals = Counter(
             f"{p}_reference_arrivals", "Reference voices spooled at request arrival",
             ["outcome"], **kw,
@@ -198,6 +205,8 @@ class RuntimeMetrics:
             self.arrivals.labels(outcome)
         for reason in REFUSAL_REASONS:
             self.refused_requests.labels(reason)
+        for reason in STREAM_ENDS:
+            self.streams_ended.labels(reason)
 
     def record_prep_counters(self, snapshot: Mapping[str, int]) -> None:
         """Add what part 1's :class:`PrepCounters` counted since the last call."""
@@ -245,6 +254,11 @@ class RuntimeMetrics:
 
     def observe_slot_wait(self, seconds: float) -> None:
         self.slot_wait_seconds.observe(max(0.0, seconds))
+
+    def stream_ended(self, reason: str) -> None:
+        """``reason`` is the engine's (``"done"``, or ``"token-out-of-range: ..."``)."""
+        head = reason.split(":", 1)[0].strip()
+        self.streams_ended.labels(head if head in STREAM_ENDS else "other").inc()
 
     def arrival(self, outcome: str) -> None:
         self.arrivals.labels(outcome).inc()
