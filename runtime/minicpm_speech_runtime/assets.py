@@ -93,14 +93,20 @@ def check_flow_yaml(path: Path) -> None:
         raise CheckpointError(path.name, "no 'flow' entry")
 
 
+def ensure_cosyvoice2_alias() -> None:
+    """Make ``cosyvoice2.*``, the module flow.yaml names its classes by, importable: the
+    reference package (stepaudio2-minicpmo) provides it as an alias of its own modules."""
+    from stepaudio2.token2wav import _setup_cosyvoice2_alias
+
+    _setup_cosyvoice2_alias()
+
+
 def build_flow(yaml_path: Path) -> nn.Module:
     """Construct the (randomly initialised) flow that ``flow.yaml`` describes."""
     from hyperpyyaml import load_hyperpyyaml
-    from stepaudio2.token2wav import _setup_cosyvoice2_alias
 
     check_flow_yaml(yaml_path)
-    # flow.yaml names the classes as ``cosyvoice2.*``; the reference registers that alias.
-    _setup_cosyvoice2_alias()
+    ensure_cosyvoice2_alias()
     with yaml_path.open() as f:
         try:
             flow = load_hyperpyyaml(f)["flow"]

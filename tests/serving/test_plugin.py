@@ -289,6 +289,37 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     backend.close()
 
 
+def test_the_engine_is_built_in_float32_whatever_the_stages_default_dtype(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path,
+) -> None:
+    """vLLM builds a stage with its model dtype as torch's default (bfloat16 for `dtype:
+    auto` on a bfloat16 checkpoint). The engine, the speech tokenizer and CAM++ are float32
+    models: built in bfloat16 the first reference failed with a dtype mismatch."""
+    from minicpm_speech_runtime.synth import wav_bytes
+
+    extras = _deploy(tmp_path, monkeypatch, cfm_graph_precapture=False)
+    plugin.register()
+    refs = {"default": wav_bytes(2.0, 24000, seed=1), "a": wav_bytes(2.5, 16000, seed=2)}
+    model = fake_vllm_omni(extras, model_dir, refs, tmp_path)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model._build_backend()
+        assert torch.get_default_dtype() == torch.bfloat16  # the stage's default is left as is
+        backend = model.backend
+        assert isinstance(backend, Code2WavBackend)
+        runner = backend.engine.runner
+        dtypes = {p.dtype for m in (runner.flow, runner.vocoder.hift) for p in m.parameters()}
+        assert dtypes == {torch.float32}
+        _, entry = model._materialize_runtime_prompt("a", 16000)
+        features = backend.prepare_prompt(entry.cache_id, entry.path)
+        assert features.mels.dtype == torch.float32 and features.mels.numel() > 0
+    finally:
+        torch.set_default_dtype(previous)
+        if isinstance(model.backend, Code2WavBackend):
+            model.backend.close()
+
+
 def test_unsupported_extras_refused_at_build(
     fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
 ) -> None:

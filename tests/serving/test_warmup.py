@@ -1,15 +1,21 @@
-"""The warm-up request body is a pure function."""
+"""The warm-up request body is a pure function; waiting for the plugin's files."""
 
 from __future__ import annotations
 
 import base64
 import io
+import threading
+import time
 import wave
+from pathlib import Path
 
 import pytest
+from minicpm_speech_runtime.serving.control import PLUGIN_FILE, PRECAPTURE_FILE, write_json
 from minicpm_speech_runtime.serving.warmup import (
+    WarmupError,
     has_audio,
     synthetic_voice_uri,
+    wait_for_plugin,
     warmup_request_body,
 )
 
@@ -48,3 +54,21 @@ def test_has_audio() -> None:
     assert has_audio({"choices": [{"message": {"audio": {"data": "AAAA"}}}]})
     assert not has_audio({"choices": [{"message": {"audio": None}}]})
     assert not has_audio({})
+
+
+def test_a_server_without_the_plugin_fails_the_warm_up_soon_after_health(tmp_path: Path) -> None:
+    """Stage 2 writes plugin.json while it builds, before the server answers /health: waiting
+    out the whole warm-up timeout for it would only hide a plugin that never loaded."""
+    begin = time.monotonic()
+    with pytest.raises(WarmupError, match=r"wrote no plugin\.json .* entry point installed"):
+        wait_for_plugin(tmp_path, precapture=True, deadline=begin + 600,
+                        keep_going=lambda: True, after_health_s=0.3)
+    assert time.monotonic() - begin < 5
+
+
+def test_precapture_may_finish_after_health(tmp_path: Path) -> None:
+    write_json(tmp_path, PLUGIN_FILE, {"pid": 1})
+    threading.Timer(0.6, write_json, (tmp_path, PRECAPTURE_FILE, {"state": "done"})).start()
+    document = wait_for_plugin(tmp_path, precapture=True, deadline=time.monotonic() + 30,
+                               keep_going=lambda: True, after_health_s=0.1)
+    assert document["state"] == "done"

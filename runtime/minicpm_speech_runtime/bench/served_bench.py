@@ -441,10 +441,10 @@ def model_folder(workdir: Path, generate: str, campplus_onnx: Path | None) -> Pa
     write_random_checkpoint(root / "assets" / "token2wav", dims, 0, campplus_onnx)
     (root / "assets" / "HT_ref_audio.wav").write_bytes(wav_bytes(3.0, SR, seed=7))
     # flow.yaml names its classes ``cosyvoice2.*``; vLLM-Omni 0.30.0 neither ships nor
-    # registers that module, and the reference package provides it as an alias.
-    from stepaudio2.token2wav import _setup_cosyvoice2_alias
+    # registers that module (the plugin-off rows load it too)
+    from ..assets import ensure_cosyvoice2_alias
 
-    _setup_cosyvoice2_alias()
+    ensure_cosyvoice2_alias()
     return root
 
 

@@ -45,6 +45,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,11 @@ def patch_code2wav(cls: type) -> bool:
         original_batches = cls._iter_decode_batches  # type: ignore[attr-defined]
 
         def _build_backend(self: Any) -> None:
+            # flow.yaml names its classes cosyvoice2.*, a module vLLM-Omni neither ships nor
+            # aliases: the reference package's alias has to exist before vLLM-Omni loads it.
+            from ..assets import ensure_cosyvoice2_alias
+
+            ensure_cosyvoice2_alias()
             original_build(self)
             install_runtime_backend(self)
 
@@ -284,7 +290,11 @@ def install_runtime_backend(model: Any) -> Any:
     device = inner.speech_window.device
     control = control_dir_from_env()
     try:
-        backend = build_backend(model, extras, options, device)
+        # vLLM builds a stage under its model dtype as torch's default (bfloat16 for a
+        # bfloat16 or `dtype: auto` checkpoint); the engine and the speech tokenizer are
+        # float32 models, as vLLM-Omni's own Token2wav build makes them.
+        with float32_default():
+            backend = build_backend(model, extras, options, device)
     except Exception as exc:
         if control is not None:
             write_json(control, PRECAPTURE_FILE, {
@@ -321,6 +331,19 @@ def install_runtime_backend(model: Any) -> Any:
             backend.metrics.arrival,
         ).start()
     return backend
+
+
+@contextlib.contextmanager
+def float32_default() -> Iterator[None]:
+    """torch's default dtype is float32 inside, and what it was after."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _warn_small_prompt_cache(model: Any, max_streams: int) -> None:

@@ -114,10 +114,18 @@ def wait_for_health(
         time.sleep(interval)
 
 
+# vLLM-Omni answers /health once every stage is built, and the plugin writes plugin.json while
+# stage 2 builds: its absence this long after /health means the plugin never took over.
+PLUGIN_AFTER_HEALTH_S = 30.0
+
+
 def wait_for_plugin(
-    control: Path, precapture: bool, deadline: float, keep_going: Callable[[], bool]
+    control: Path, precapture: bool, deadline: float, keep_going: Callable[[], bool],
+    after_health_s: float = PLUGIN_AFTER_HEALTH_S,
 ) -> dict[str, Any]:
-    """Wait for the plugin's files; returns the precapture document (or the plugin's)."""
+    """Wait for the plugin's files (called once the server answers /health); returns the
+    precapture document (or the plugin's)."""
+    missing_by = time.monotonic() + after_health_s
     while True:
         plugin = read_json(control, PLUGIN_FILE)
         pre = read_json(control, PRECAPTURE_FILE)
@@ -130,6 +138,11 @@ def wait_for_plugin(
                 return pre
         if not keep_going():
             raise WarmupError("server stopped during the warm-up")
+        if plugin is None and time.monotonic() > missing_by:
+            raise WarmupError(
+                f"the server answers /health but stage 2 wrote no plugin.json after "
+                f"{after_health_s:g} s: the plugin did not take stage 2 over (is the "
+                "vllm_omni.general_plugins entry point installed?)")
         if time.monotonic() > deadline:
             what = "precapture.json" if plugin is not None else "plugin.json"
             raise WarmupError(

@@ -1,0 +1,179 @@
+"""The pod's own command on a real ``vllm serve --omni`` (vLLM-Omni 0.30.0 on vLLM's CPU build),
+as a user reaches it: readiness through the supervisor, the project's engine proven to serve
+stage 2, and chat-completions requests for speech.
+
+What this lane proves: the operator's rendered command starts vLLM-Omni's three-stage
+MiniCPM-o 4.5 pipeline, the plugin takes stage 2 over inside its worker, the warm-up gates
+readiness, and replies carry 24 kHz audio decoded by this project's engine. What it does not:
+GPU speed, real weights (the voice is noise-like), or audio quality.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+from minicpm_speech_runtime.serving.warmup import synthetic_voice_uri, warmup_request_body
+
+from .conftest import SERVED_MODEL, Pod, http_get, skip_outside_lane
+
+skip_outside_lane()
+
+pytestmark = pytest.mark.timeout(1800)
+ENDED = "minicpm_speech_code2wav_streams_ended_total"
+
+
+def post(pod: Pod, body: bytes | dict[str, Any], timeout: float = 600.0) -> tuple[int, bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{pod.base}/v1/chat/completions", data=data,
+        headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+
+
+def speech(text: str = "Hello there.", **extra: Any) -> dict[str, Any]:
+    return {**warmup_request_body(SERVED_MODEL, text=text, max_tokens=16), **extra}
+
+
+def audio_of(document: dict[str, Any]) -> np.ndarray:
+    """The reply's audio, checked as a user's player would read it: a 24 kHz mono WAV."""
+    (choice,) = document["choices"]
+    data = choice["message"]["audio"]["data"]
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(data)), dtype="float32", always_2d=True)
+    assert rate == 24000
+    assert samples.shape[1] == 1
+    return samples[:, 0]
+
+
+def text_of(document: dict[str, Any]) -> str:
+    (choice,) = document["choices"]
+    content = choice["message"].get("content")
+    return content if isinstance(content, str) else ""
+
+
+def ended_done(pod: Pod) -> float:
+    match = re.search(rf'^{ENDED}{{reason="done"}} (\S+)$', pod.metrics(), re.MULTILINE)
+    assert match, f"{ENDED} is not on the supervisor's /metrics"
+    return float(match.group(1))
+
+
+def check_speech(status: int, raw: bytes) -> np.ndarray:
+    assert status == 200, raw[:500]
+    document = json.loads(raw)
+    audio = audio_of(document)
+    assert audio.size > 0 and bool(np.isfinite(audio).all())
+    assert text_of(document).strip(), "the reply has no text part"
+    return audio
+
+
+def test_the_pod_is_ready_with_this_projects_engine_in_stage_2(pod: Pod) -> None:
+    """``/readyz`` answers 200 only after the warm-up; the plugin wrote its record from the
+    stage-2 worker (not the supervisor or the API server), and the warm-up's requests were
+    decoded by this project's engine there: vLLM-Omni's own Code2Wav writes neither."""
+    status, body = http_get(f"{pod.health}/readyz")
+    assert status == 200, body
+    plugin = pod.control_file("plugin.json")
+    assert plugin["options"]["batched_code2wav"] is True
+    assert plugin["pid"] != pod.process.pid
+    assert pod.control_file("precapture.json")["state"] == "skipped"
+    metrics = pod.metrics()
+    assert re.search(r"^minicpm_speech_ready 1\.0$", metrics, re.MULTILINE)
+    warm = re.search(r'^minicpm_speech_warmup_requests_total{result="ok"} (\S+)$', metrics,
+                     re.MULTILINE)
+    assert warm and float(warm.group(1)) >= 1
+    assert ended_done(pod) >= float(warm.group(1))
+
+
+def test_a_speech_request_gets_text_and_24khz_audio_from_the_engine(pod: Pod) -> None:
+    before = ended_done(pod)
+    begin = time.monotonic()
+    audio = check_speech(*post(pod, speech("Please read this sentence aloud.")))
+    print(f"\none request: {audio.size / 24000:.2f} s of audio in "
+          f"{time.monotonic() - begin:.1f} s")
+    assert ended_done(pod) == before + 1
+
+
+def test_four_concurrent_requests_each_with_its_own_reference_voice(pod: Pod) -> None:
+    """The reference voice travels in the body's ``ref_audio`` (a data URI), the field
+    vLLM-Omni's chat endpoint reads for MiniCPM-o 4.5."""
+    before = ended_done(pod)
+    bodies = [speech(f"Voice number {i}.", ref_audio=synthetic_voice_uri(seed=i))
+              for i in range(4)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda b: post(pod, b), bodies))
+    for status, raw in results:
+        check_speech(status, raw)
+    assert ended_done(pod) == before + 4
+
+
+def stream_events(pod: Pod, body: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
+    """The server-sent events of a streamed reply, in arrival order, up to ``[DONE]``."""
+    request = urllib.request.Request(
+        f"{pod.base}/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    events: list[dict[str, Any]] = []
+    with urllib.request.urlopen(request, timeout=timeout) as r:
+        assert r.status == 200
+        for line in r:
+            text = line.decode().strip()
+            if not text.startswith("data:"):
+                continue
+            payload = text[len("data:"):].strip()
+            if payload == "[DONE]":
+                return events
+            events.append(json.loads(payload))
+    raise AssertionError(f"the stream ended without [DONE] after {len(events)} events")
+
+
+def test_a_streamed_reply_joins_into_the_whole_reply(pod: Pod) -> None:
+    """Audio arrives in several chunks, in order; joined, it is as long as the reply of the
+    same request unstreamed (the Talker's output is capped, so both are that long)."""
+    whole = check_speech(*post(pod, speech("Streaming test.")))
+    events = stream_events(pod, speech("Streaming test.", stream=True))
+    chunks = []
+    for event in events:
+        for choice in event.get("choices") or []:
+            audio = (choice.get("delta") or {}).get("audio") or {}
+            if isinstance(audio, dict) and audio.get("data"):
+                samples, rate = sf.read(io.BytesIO(base64.b64decode(audio["data"])),
+                                        dtype="float32", always_2d=True)
+                assert rate == 24000 and samples.shape[1] == 1
+                chunks.append(samples[:, 0])
+    assert len(chunks) > 1, f"{len(chunks)} audio chunk(s) in {len(events)} events"
+    joined = np.concatenate(chunks)
+    assert bool(np.isfinite(joined).all())
+    assert joined.size == whole.size
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b'{"model": "x", "messages": [', "malformed JSON"),
+        ({"modalities": ["text", "smell"]}, "an unknown modality"),
+        ({"max_tokens": 10**9}, "max_tokens far over the model's length"),
+        ({"ref_audio": "data:audio/wav;base64," + base64.b64encode(b"not audio").decode()},
+         "a reference voice that is not audio"),
+    ],
+)
+def test_a_bad_request_gets_a_4xx_and_the_next_one_is_served(
+    pod: Pod, body: bytes | dict[str, Any], why: str
+) -> None:
+    request = body if isinstance(body, bytes) else {**speech("Bad request."), **body}
+    status, raw = post(pod, request, timeout=120.0)
+    assert 400 <= status < 500, f"{why}: {status} {raw[:300]!r}"
+    assert raw.strip(), f"{why}: the error has no body"
+    check_speech(*post(pod, speech("Still serving.")))
