@@ -15,12 +15,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.harness.net import free_port, http_get
 
 LANE_ENV = "MINICPM_SPEECH_REAL_SERVER_LANE"
 IN_LANE = os.environ.get(LANE_ENV) == "1"
@@ -40,22 +39,6 @@ def skip_outside_lane() -> None:
     if not IN_LANE:
         pytest.skip(f"the real-server lane runs under `make test-real-server` ({LANE_ENV}=1)",
                     allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status), r.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
 
 
 def manifest(port: int, health_port: int, base_config: Path) -> dict[str, Any]:

@@ -6,12 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,26 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness.net import free_port
+from tests.harness.net import http_get as get
+
 FAKES = Path(__file__).parent / "fakes"
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "tests" / "profiles" / "golden" / "default.yaml"
 TOKEN2WAV = ("flow.yaml", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2_25hz.onnx")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status), r.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
 
 
 def pid_alive(pid: int) -> bool:
