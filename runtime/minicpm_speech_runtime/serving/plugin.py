@@ -159,10 +159,10 @@ def patch_code2wav(cls: type) -> bool:
                 return original_materialize(self, ref_audio, sample_rate)
             # a voice normalised before (at its request's arrival, or sent again) is not
             # normalised and hashed again on the forward's path
-            known = remembered_prompt(self, backend.prompt_memo, ref_audio, sample_rate)
+            raw = raw_reference(ref_audio, sample_rate)
+            known = None if raw is None else remembered_prompt(self, backend.prompt_memo, *raw)
             if known is None:
                 known = original_materialize(self, ref_audio, sample_rate)
-                raw = raw_reference(ref_audio, sample_rate)
                 if raw is not None:
                     backend.prompt_memo.remember(*raw, known[0])
             entry = known[1]
@@ -193,13 +193,12 @@ def patch_code2wav(cls: type) -> bool:
 
 
 def remembered_prompt(
-    model: Any, memo: PromptMemo, ref_audio: Any, sample_rate: Any
+    model: Any, memo: PromptMemo, samples: Any, rate: int
 ) -> tuple[str, Any] | None:
     """vLLM-Omni's ``(cache_key, entry)`` for a reference it already normalised, as its own
     ``_materialize_runtime_prompt`` returns an existing entry (moved to the recent end of its
     table); None when the memo does not know these samples or vLLM-Omni let the entry go."""
-    raw = raw_reference(ref_audio, sample_rate)
-    cache_key = memo.lookup(*raw) if raw is not None else None
+    cache_key = memo.lookup(samples, rate)
     if cache_key is None:
         return None
     prompts = getattr(model, "_runtime_prompts", None)
