@@ -135,6 +135,7 @@ class SweepConfig:
     concurrencies: tuple[int, ...] = protocol.CONCURRENCIES
     gpu_index: int = 0
     termination_log: Path | None = None
+    counts: protocol.RequestCounts = protocol.PROTOCOL_COUNTS
 
     @property
     def base_url(self) -> str:
@@ -245,6 +246,19 @@ def _arms(s: _Section, live: bool) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
+def _counts(s: _Section) -> protocol.RequestCounts:
+    """``requests``: the protocol's counts unless a key says otherwise (see RequestCounts)."""
+    default = protocol.PROTOCOL_COUNTS
+    hi = protocol.NUM_PROMPTS
+    counts = protocol.RequestCounts(
+        measured=s.integer("measured", default.measured, lo=1, hi=hi),
+        warmup=s.integer("warmup", default.warmup, lo=1, hi=hi),
+        repeats=s.integer("repeats", default.repeats, lo=1, hi=protocol.MAX_REPEATS),
+    )
+    s.done()
+    return counts
+
+
 def parse_sweep(data: Mapping[str, Any]) -> SweepConfig:
     """Build and check a sweep configuration (also the base of a quality configuration)."""
     s = _Section(data, "")
@@ -275,6 +289,7 @@ def _parse_common(s: _Section) -> SweepConfig:
     term = s.get("termination_log")
     if term is not None and (not isinstance(term, str) or not term):
         raise ConfigError("termination_log: must be a path string")
+    counts = _counts(s.section("requests"))
     cfg = SweepConfig(
         mode=mode,
         config_hash=config_hash,
@@ -285,6 +300,7 @@ def _parse_common(s: _Section) -> SweepConfig:
         concurrencies=conc,
         gpu_index=s.integer("gpu_index", 0, lo=0, hi=63),
         termination_log=Path(term) if term else None,
+        counts=counts,
     )
     try:
         cfg.target()

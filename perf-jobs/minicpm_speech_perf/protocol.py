@@ -18,6 +18,7 @@ WARMUP_PROMPTS = 16
 WARMUP_CONCURRENCY = 16
 QUALITY_CONCURRENCY = 8
 MEASURED_REPEATS = 2
+MAX_REPEATS = 8
 SEED = 42
 OUTPUT_LEN = 256
 SYSTEM_PROMPT = "Please read the following text out loud in English."
@@ -133,10 +134,39 @@ def build_client_command(
     ]  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class RequestCounts:
+    """How many requests the runs send, and how often a measurement repeats.
+
+    The protocol's counts are the defaults, and only they give figures comparable with the
+    published ones. Smaller counts exist for machines where a request takes seconds of CPU (a
+    test of the whole path, not a measurement); the client takes the first N rows of the
+    ordered subset, so no count may exceed its 64 rows.
+    """
+
+    measured: int = NUM_PROMPTS
+    warmup: int = WARMUP_PROMPTS
+    repeats: int = MEASURED_REPEATS
+
+    def __post_init__(self) -> None:
+        for name, value, hi in (("measured", self.measured, NUM_PROMPTS),
+                                ("warmup", self.warmup, NUM_PROMPTS),
+                                ("repeats", self.repeats, MAX_REPEATS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+                raise ProtocolError(f"{name} must be an integer in [1, {hi}], got {value!r}")
+
+    @property
+    def is_protocol(self) -> bool:
+        return self == PROTOCOL_COUNTS
+
+
+PROTOCOL_COUNTS = RequestCounts()
+
+
 def check_run_shape(num_prompts: int, concurrency: int) -> None:
-    """Only the protocol's request counts and concurrencies are allowed."""
-    if num_prompts not in (NUM_PROMPTS, WARMUP_PROMPTS):
-        raise ProtocolError(f"num_prompts must be {NUM_PROMPTS} or {WARMUP_PROMPTS}")
+    """Request counts within the ordered subset, and only the protocol's concurrencies."""
+    if isinstance(num_prompts, bool) or not 1 <= num_prompts <= NUM_PROMPTS:
+        raise ProtocolError(f"num_prompts must be in [1, {NUM_PROMPTS}], got {num_prompts!r}")
     if concurrency not in CONCURRENCIES:
         raise ProtocolError(f"concurrency must be one of {list(CONCURRENCIES)}, got {concurrency}")
 
@@ -220,17 +250,19 @@ def check_concurrencies(values: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
-def warmup_run(label: str) -> Run:
+def warmup_run(label: str, counts: RequestCounts = PROTOCOL_COUNTS) -> Run:
     # The client takes the first N rows of the ordered subset, so N=16 is the first 16 ids.
-    return Run(f"{label}-warmup", "warmup", WARMUP_CONCURRENCY, WARMUP_PROMPTS)
+    return Run(f"{label}-warmup", "warmup", WARMUP_CONCURRENCY, counts.warmup)
 
 
-def timing_runs(label: str, concurrencies: Sequence[int]) -> tuple[Run, ...]:
-    runs: list[Run] = [warmup_run(label)]
+def timing_runs(
+    label: str, concurrencies: Sequence[int], counts: RequestCounts = PROTOCOL_COUNTS
+) -> tuple[Run, ...]:
+    runs: list[Run] = [warmup_run(label, counts)]
     for c in check_concurrencies(concurrencies):
-        runs.append(Run(f"{label}-c{c}-discard", "discard", c, NUM_PROMPTS))
-        for r in range(1, MEASURED_REPEATS + 1):
-            runs.append(Run(f"{label}-c{c}-measured{r}", "measured", c, NUM_PROMPTS, r))
+        runs.append(Run(f"{label}-c{c}-discard", "discard", c, counts.measured))
+        for r in range(1, counts.repeats + 1):
+            runs.append(Run(f"{label}-c{c}-measured{r}", "measured", c, counts.measured, r))
     return tuple(runs)
 
 
@@ -253,11 +285,16 @@ def visit_order(arms: Sequence[str], mode: str) -> list[tuple[str, int]]:
     return [(a, 1), (b, 1), (b, 2), (a, 2)]
 
 
-def plan_sweep(arms: Sequence[str], mode: str, concurrencies: Sequence[int]) -> list[Visit]:
+def plan_sweep(
+    arms: Sequence[str],
+    mode: str,
+    concurrencies: Sequence[int],
+    counts: RequestCounts = PROTOCOL_COUNTS,
+) -> list[Visit]:
     """The whole timing sweep, visit by visit, run by run."""
     fresh = mode != "live"
     return [
-        Visit(arm, i, fresh, timing_runs(run_stem(arm, i), concurrencies))
+        Visit(arm, i, fresh, timing_runs(run_stem(arm, i), concurrencies, counts))
         for arm, i in visit_order(arms, mode)
     ]
 
@@ -273,12 +310,14 @@ def quality_concurrencies(highest_gated: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def plan_quality(arm: str, mode: str, highest_gated: int) -> Visit:
+def plan_quality(
+    arm: str, mode: str, highest_gated: int, counts: RequestCounts = PROTOCOL_COUNTS
+) -> Visit:
     """One server start for the quality run: the same warm-up, then 64 requests per C."""
     check_arm_name(arm)
     if mode not in MODES:
         raise ProtocolError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    runs = [warmup_run(run_stem(arm, 1))]
+    runs = [warmup_run(run_stem(arm, 1), counts)]
     for c in quality_concurrencies(highest_gated):
-        runs.append(Run(f"quality-c{c}", "quality", c, NUM_PROMPTS))
+        runs.append(Run(f"quality-c{c}", "quality", c, counts.measured))
     return Visit(arm, 1, mode != "live", tuple(runs))

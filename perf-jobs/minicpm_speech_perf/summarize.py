@@ -273,6 +273,7 @@ def summarize(artifacts: Path, header: dict[str, Any] | None = None) -> dict[str
     doc = {
         "schema": SUMMARY_SCHEMA,
         **{k: info.get(k) for k in ("config_hash", "mode", "baseline", "started", "finished")},
+        "requests": info.get("requests"),
         "status": info.get("status", "ok"),
         "reason": info.get("reason", ""),
         "points": [asdict(p) for p in points],

@@ -11,6 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +57,7 @@ class Orchestrator:
             "config_hash": cfg.config_hash,
             "baseline": cfg.arms[0].name if len(cfg.arms) == 2 else None,
             "arms": [a.name for a in cfg.arms],
+            "requests": {**asdict(cfg.counts), "protocol": cfg.counts.is_protocol},
             "started": utc_now(),
             "finished": None,
             "status": "running",
@@ -185,7 +187,9 @@ def run_sweep(
     sampler_factory: Callable[[], MemorySampler] | None = None,
 ) -> dict[str, Any]:
     """Run the whole timing plan; returns the final manifest (status ok or failed)."""
-    visits = protocol.plan_sweep([a.name for a in cfg.arms], cfg.mode, cfg.concurrencies)
+    visits = protocol.plan_sweep(
+        [a.name for a in cfg.arms], cfg.mode, cfg.concurrencies, cfg.counts
+    )
     orch = Orchestrator(cfg, runner, sampler_factory)
     return orch.run_plan(visits, lambda _run: protocol.timing_env(os.environ))
 

@@ -39,7 +39,9 @@ def run_quality(
 ) -> dict[str, Any]:
     """Server start, warm-up, the quality runs; returns the manifest."""
     base = cfg.sweep
-    visit = protocol.plan_quality(base.arms[0].name, base.mode, cfg.highest_gated_concurrency)
+    visit = protocol.plan_quality(
+        base.arms[0].name, base.mode, cfg.highest_gated_concurrency, base.counts
+    )
 
     def env_for(run: protocol.Run) -> dict[str, str]:
         if run.kind != "quality":

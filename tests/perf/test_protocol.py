@@ -104,7 +104,9 @@ def test_command_prefix_replaces_only_the_executable() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"num_prompts": 63}, "num_prompts"),
+        ({"num_prompts": 0}, "num_prompts"),
+        ({"num_prompts": 65}, "num_prompts"),
+        ({"num_prompts": True}, "num_prompts"),
         ({"concurrency": 3}, "concurrency"),
         ({"concurrency": 64}, "concurrency"),
         ({"result_filename": "../x.json"}, "result_filename"),

@@ -125,6 +125,30 @@ def test_full_protocol_plan_single_arm(tmp_path: Path, events: Path) -> None:
     assert finish_sweep(cfg, manifest)[0] == 0
 
 
+def test_request_counts_from_config_shape_every_run(tmp_path: Path, events: Path) -> None:
+    """Smaller counts (a CPU machine's whole-path test) reach the client's argv and the
+    manifest says they are not the protocol's; the summary still parses every run."""
+    port = free_port()
+    cfg = config(tmp_path, [{"name": "cpu", "command": server_cmd(events, port, "c")}],
+                 port=port, concurrencies=[1, 2],
+                 requests={"measured": 3, "warmup": 2, "repeats": 1})  # fmt: skip
+    manifest = run_sweep(cfg, SubprocessRunner(), lambda: FixedSampler(1.0))
+    assert manifest["status"] == "ok", manifest["reason"]
+    assert manifest["requests"] == {"measured": 3, "warmup": 2, "repeats": 1, "protocol": False}
+    runs = manifest["visits"][0]["runs"]
+    assert [(r["kind"], r["concurrency"], r["num_prompts"]) for r in runs] == [
+        ("warmup", 16, 2), ("discard", 1, 3), ("measured", 1, 3),
+        ("discard", 2, 3), ("measured", 2, 3)]  # fmt: skip
+    for run in runs:
+        argv = run["argv"]
+        assert argv[argv.index("--num-prompts") + 1] == str(run["num_prompts"])
+    rc, message = finish_sweep(cfg, manifest)
+    assert rc == 0
+    assert [(p["c"], p["n"]) for p in parse_termination_message(message)["points"]] == [
+        (1, 3), (2, 3)]
+    assert config(tmp_path, [{"name": "A", "command": ["x"]}], port=port).counts.is_protocol
+
+
 def test_server_ignoring_sigterm_is_killed_after_grace(tmp_path: Path, events: Path) -> None:
     port = free_port()
     cmd = server_cmd(events, port, "stubborn", "--ignore-sigterm")
@@ -298,6 +322,12 @@ def test_nvml_peak_is_the_largest_sample(monkeypatch: pytest.MonkeyPatch) -> Non
         ({"mode": "live", "arms": [{"name": "L"}]}, "client.base_url"),
         ({"mode": "live", "arms": [{"name": "L", "command": ["x"]}]}, "arms[0].command"),
         ({"extra": 1}, "extra"),
+        ({"requests": {"measured": 65}}, "requests.measured"),
+        ({"requests": {"warmup": 0}}, "requests.warmup"),
+        ({"requests": {"repeats": 9}}, "requests.repeats"),
+        ({"requests": {"measured": "4"}}, "requests.measured"),
+        ({"requests": {"rows": 4}}, "requests.rows"),
+        ({"requests": [4]}, "requests"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, change: dict[str, Any], needle: str) -> None:

@@ -147,7 +147,7 @@ def main() -> None:
             while not due():
                 time.sleep(0.02)
             event("crash")
-            os._exit(3)
+            os._exit(int(os.environ.get("FAKE_CRASH_STATUS", "3")))
 
         threading.Thread(target=later, daemon=True).start()
     httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)

@@ -90,9 +90,27 @@ def test_server_crash_stops_mps_and_exits_non_zero(pod: Pod, start: Any) -> None
     crash.touch()
     rc = run.wait_exit()
     assert rc == 3, run.output()
-    assert "server exited with status 3" in run.output()
+    assert "server exited on its own with status 3" in run.output()
     assert "daemon quit" in pod.mps_log.read_text()
     assert not pid_alive(daemon)
+
+
+def test_server_that_shuts_itself_down_cleanly_still_fails_the_pod(
+    pod: Pod, start: Any
+) -> None:
+    """vLLM stops with status 0 when one of its engines dies: the pod must not look finished,
+    and nothing the dead server's stage 2 wrote may still claim the plugin is serving."""
+    crash = pod.root / "crash-now"
+    args = pod.args(precapture=True, deploy=pod.deploy_config({"cfm_graph_precapture": True}))
+    run = start(args, FAKE_PLUGIN="done", FAKE_CRASH_ON=str(crash), FAKE_CRASH_STATUS="0")
+    run.wait_ready()
+    control = pod.root / "run" / "control"
+    assert (control / "plugin.json").is_file() and (control / "precapture.json").is_file()
+    crash.touch()
+    assert run.wait_exit() == 1, run.output()
+    assert "server exited on its own with status 0" in run.output()
+    assert not (control / "plugin.json").exists()
+    assert not (control / "precapture.json").exists()
 
 
 def test_crash_before_ready_never_reports_ready(pod: Pod, start: Any) -> None:

@@ -160,10 +160,19 @@ class Supervisor:
         # Whatever the server left in its group goes with it.
         self._signal_group(signal.SIGKILL)
         self.state.metrics.server_up.set(0)
+        # What the stage-2 process wrote described a server that is gone: nothing may read it
+        # as current (a restarted container shares this emptyDir until its supervisor starts).
+        control.withdraw(self.run_dir / "control")
         rc = server.returncode
         status = 128 - rc if rc < 0 else rc
         if self.warmup_error is not None and self.stop_signal is None:
             print(f"{PROG}: warm-up failed: {self.warmup_error}", file=sys.stderr, flush=True)
+            return status or 1
+        if self.stop_signal is None:
+            # Nobody asked it to stop: the pod must fail so that Kubernetes restarts it, even
+            # when the server shut itself down cleanly (as vLLM does when an engine dies).
+            print(f"{PROG}: server exited on its own with status {status}", file=sys.stderr,
+                  flush=True)
             return status or 1
         if status:
             print(f"{PROG}: server exited with status {status}", file=sys.stderr, flush=True)

@@ -13,8 +13,9 @@ The supervisor owns a run directory (``$MINICPM_SPEECH_RUN_DIR``, else
     "graphs": ...}``).
 
 Both are written atomically (temporary file + rename), so a reader sees a whole document or
-none. The supervisor also exports ``MINICPM_SPEECH_DEPLOY_CONFIG`` (the ``--deploy-config`` of
-the server command), which the plugin reads to decide, in every process, whether it is on.
+none, and the supervisor removes both once the server has exited. The supervisor also exports
+``MINICPM_SPEECH_DEPLOY_CONFIG`` (the ``--deploy-config`` of the server command), which the
+plugin reads to decide, in every process, whether it is on.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def write_json(directory: Path, name: str, document: dict[str, Any]) -> Path:
     finally:
         Path(tmp).unlink(missing_ok=True)
     return target
+
+
+def withdraw(directory: Path) -> None:
+    """Remove what the stage-2 process wrote, once that process is gone."""
+    for name in (PLUGIN_FILE, PRECAPTURE_FILE):
+        (directory / name).unlink(missing_ok=True)
 
 
 def read_json(directory: Path, name: str) -> dict[str, Any] | None:
