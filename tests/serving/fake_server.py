@@ -5,10 +5,11 @@ It answers ``GET /health`` (after ``FAKE_HEALTH_DELAY`` seconds) and
 ``FAKE_NO_AUDIO``), logs one JSON line per event to ``FAKE_SERVER_LOG``, and on SIGTERM exits
 with ``FAKE_TERM_STATUS`` (or ignores it with ``FAKE_IGNORE_TERM``). ``FAKE_CRASH_AFTER``
 makes it exit 3 that many seconds after it started answering, ``FAKE_CRASH_ON`` as soon as
-that file exists. ``FAKE_PLUGIN`` writes the stage-2 plugin's control files
-(``FAKE_PLUGIN=failed`` a failed precapture) after ``FAKE_PLUGIN_DELAY``; ``FAKE_METRICS``
-records runtime metrics in multiprocess mode; ``FAKE_CUDA`` runs a torch matmul on the GPU at
-start and per request.
+that file exists (``FAKE_CRASH_STATUS`` sets the status); while ``FAKE_UNHEALTHY_ON`` exists
+``/health`` answers 503, as vLLM-Omni's does once a stage died. ``FAKE_PLUGIN`` writes the
+stage-2 plugin's control files (``FAKE_PLUGIN=failed`` a failed precapture) after
+``FAKE_PLUGIN_DELAY``; ``FAKE_METRICS`` records runtime metrics in multiprocess mode;
+``FAKE_CUDA`` runs a torch matmul on the GPU at start and per request.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             ok = time.monotonic() - START >= float(os.environ.get("FAKE_HEALTH_DELAY", "0"))
+            sick = os.environ.get("FAKE_UNHEALTHY_ON")
+            ok = ok and not (sick and os.path.exists(sick))
             self._send(200 if ok else 503, {"ok": ok})
         else:
             self._send(404, {})

@@ -113,6 +113,48 @@ def test_server_that_shuts_itself_down_cleanly_still_fails_the_pod(
     assert not (control / "precapture.json").exists()
 
 
+def test_a_server_that_stays_unhealthy_is_stopped_and_fails_the_pod(
+    pod: Pod, start: Any
+) -> None:
+    """A dead stage leaves vLLM-Omni's API server up, answering 503 on /health: the pod turns
+    unready at once, then stops the server and exits non-zero for Kubernetes to restart it."""
+    sick = pod.root / "sick"
+    args = pod.args(precapture=True, deploy=pod.deploy_config({"cfm_graph_precapture": True}))
+    run = start(args, FAKE_PLUGIN="done", FAKE_UNHEALTHY_ON=str(sick))
+    run.wait_ready()
+    sick.touch()
+    began = time.monotonic()
+    while get(run.url("/readyz"))[0] == 200:
+        assert time.monotonic() - began < 10, "still ready with /health failing"
+        time.sleep(0.1)
+    unready_after = time.monotonic() - began
+    assert run.wait_exit() == 1, run.output()
+    assert unready_after < 5 and time.monotonic() - began >= 10  # UNHEALTHY_FOR_S
+    assert "server unhealthy: /health answered 503" in run.output()
+    assert [e["signum"] for e in pod.events() if e["event"] == "signal"] == [signal.SIGTERM]
+    assert not (pod.root / "run" / "control" / "plugin.json").exists()
+
+
+def test_a_short_health_failure_only_takes_the_pod_out_of_rotation(
+    pod: Pod, start: Any
+) -> None:
+    sick = pod.root / "sick"
+    run = start(pod.args(mps=False, pct=None), FAKE_UNHEALTHY_ON=str(sick))
+    run.wait_ready()
+    sick.touch()
+    seen = []
+    began = time.monotonic()
+    while 503 not in seen:
+        assert time.monotonic() - began < 10
+        seen.append(get(run.url("/readyz"))[0])
+        time.sleep(0.1)
+    sick.unlink()
+    assert run.wait_ready()[-1] == 200
+    assert run.proc.poll() is None
+    run.terminate()
+    assert run.wait_exit() == 0
+
+
 def test_crash_before_ready_never_reports_ready(pod: Pod, start: Any) -> None:
     run = start(pod.args(), FAKE_HEALTH_DELAY="30", FAKE_CRASH_AFTER="1.0")
     seen = []

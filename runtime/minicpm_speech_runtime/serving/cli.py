@@ -9,10 +9,12 @@ arguments, 1 otherwise, with nothing started); the health server; the MPS contro
 (``--mps``); the server command as a child in its own process group, with
 ``PROMETHEUS_MULTIPROC_DIR``, ``MINICPM_SPEECH_CONTROL_DIR`` and
 ``MINICPM_SPEECH_DEPLOY_CONFIG`` set; the warm-up (:mod:`.warmup`), after which ``/readyz``
-answers 200. SIGTERM/SIGINT go to the server's process group; after ``--grace-seconds`` the
-group is killed. Whatever ends the server, the MPS daemon is sent ``quit`` and waited for.
-The exit status is the server's (128 + signal when a signal ended it), or 1 when the
-warm-up failed while the server still ran.
+answers 200; from then on the server's ``/health`` is checked, and a server that stays
+unhealthy (a dead stage) is stopped. SIGTERM/SIGINT go to the server's process group; after
+``--grace-seconds`` the group is killed. Whatever ends the server, the MPS daemon is sent
+``quit`` and waited for. The exit status is the server's (128 + signal when a signal ended
+it), and never 0 unless a signal asked for the stop: 1 when the warm-up failed or the server
+stayed unhealthy while it still ran, or when it exited on its own with 0.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -34,10 +36,19 @@ from . import control
 from .config import StartupError, SupervisorConfig, parse_args, validate
 from .health import HealthServer, HealthState
 from .mps import MpsDaemon, MpsError, become_subreaper, reap_adopted_orphans
-from .warmup import WarmupError, run_requests, wait_for_health, wait_for_plugin
+from .warmup import WarmupError, http_status, run_requests, wait_for_health, wait_for_plugin
 
 log = logging.getLogger("minicpm_speech_runtime.serve")
 PROG = "minicpm-speech-runtime"
+
+# Once ready, the server's own /health is what says that one of its stages died: vLLM-Omni
+# keeps the API server up and answers 503 there. The pod turns unready at the first failed
+# check and fails (so that Kubernetes restarts it) once /health has failed for this long, at
+# least this many checks in a row; a slow answer under load is not a failure until then.
+HEALTH_POLL_S = 2.0
+HEALTH_TIMEOUT_S = 10.0
+UNHEALTHY_FOR_S = 10.0
+UNHEALTHY_CHECKS = 3
 
 
 def _fail(reason: str, code: int) -> int:
@@ -53,6 +64,7 @@ class Supervisor:
         self.stop_event = threading.Event()
         self.stop_signal: int | None = None
         self.warmup_error: str | None = None
+        self.unhealthy: str | None = None
         self.server: subprocess.Popen[bytes] | None = None
         self.mps: MpsDaemon | None = None
         self.health: HealthServer | None = None
@@ -168,6 +180,9 @@ class Supervisor:
         if self.warmup_error is not None and self.stop_signal is None:
             print(f"{PROG}: warm-up failed: {self.warmup_error}", file=sys.stderr, flush=True)
             return status or 1
+        if self.unhealthy is not None and self.stop_signal is None:
+            print(f"{PROG}: {self.unhealthy}", file=sys.stderr, flush=True)
+            return status or 1
         if self.stop_signal is None:
             # Nobody asked it to stop: the pod must fail so that Kubernetes restarts it, even
             # when the server shut itself down cleanly (as vLLM does when an engine dies).
@@ -222,6 +237,32 @@ class Supervisor:
         self.state.metrics.warmup_seconds.set(time.monotonic() - self.started_at)
         self.state.set_ready(True, "ready")
         log.info("ready after %.1f s", time.monotonic() - self.started_at)
+        self._watch_health(f"{base}/health", keep_going)
+
+    def _watch_health(self, url: str, keep_going: Callable[[], bool]) -> None:
+        failing_since: float | None = None
+        failures = 0
+        while not self.stop_event.wait(HEALTH_POLL_S) and keep_going():
+            code = http_status(url, timeout=HEALTH_TIMEOUT_S)
+            if code == 200:
+                if failing_since is not None:
+                    log.info("server /health answers 200 again")
+                    self.state.set_ready(True, "ready")
+                failing_since, failures = None, 0
+                continue
+            answer = f"answered {code}" if code else "did not answer"
+            if failing_since is None:
+                failing_since = time.monotonic()
+                log.warning("server /health %s: not ready", answer)
+            failures += 1
+            self.state.set_ready(False, f"server /health {answer}")
+            if failures >= UNHEALTHY_CHECKS and time.monotonic() - failing_since >= UNHEALTHY_FOR_S:
+                if not keep_going():
+                    return
+                self.unhealthy = (f"server unhealthy: /health {answer}, failing for "
+                                  f"{time.monotonic() - failing_since:.0f} s")
+                self.stop_event.set()
+                return
 
 
 def main(argv: Sequence[str] | None = None) -> int:

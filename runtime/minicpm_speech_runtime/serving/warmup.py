@@ -93,7 +93,8 @@ def synthetic_voice_uri(seed: int, seconds: float = 3.0, rate: int = 16000) -> s
     return "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _get(url: str, timeout: float) -> int:
+def http_status(url: str, timeout: float) -> int:
+    """The status a GET of ``url`` answers; 0 when nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return int(r.status)
@@ -106,7 +107,7 @@ def _get(url: str, timeout: float) -> int:
 def wait_for_health(
     base: str, deadline: float, keep_going: Callable[[], bool], interval: float = 1.0
 ) -> None:
-    while _get(f"{base}/health", timeout=5.0) != 200:
+    while http_status(f"{base}/health", timeout=5.0) != 200:
         if not keep_going():
             raise WarmupError("server stopped before it answered /health")
         if time.monotonic() > deadline:
