@@ -27,6 +27,9 @@ NPU patch wraps ``_build_backend``), once per process, guarded by a marker on th
 * ``forward`` and ``on_requests_finished``: held under the backend's ``model_lock``, which the
   arrival watcher takes too (see below).
 
+In the API server's process (``vllm serve`` itself), a request error vLLM classifies as the
+client's is answered with its 4xx rather than vLLM-Omni's 500 (:mod:`.api_errors`).
+
 Preparation from arrival (:mod:`.arrivals`): in the API server's process the plugin wraps
 vLLM-Omni's ``Orchestrator._prewarm_async_chunk_stages``, which runs when a request arrives
 and is pre-submitted to the later stages; the request's reference voice, as vLLM-Omni's own
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -115,6 +119,13 @@ def register() -> None:
         log.warning("plugin: vLLM-Omni's MiniCPM-o Code2Wav is not importable (%s)", exc)
         return
     patch_code2wav(module.MiniCPMO45Code2Wav)
+    if multiprocessing.parent_process() is None:  # `vllm serve` itself: the API server
+        try:
+            from .api_errors import patch_api_server
+
+            patch_api_server()
+        except Exception as exc:  # requests are still served; client errors answer 500
+            log.warning("plugin: vLLM-Omni's chat handler is not patched (%s)", str(exc)[:300])
     from .backend import RuntimeOptions
 
     if RuntimeOptions.from_extras(extras_from_env() or {}).reference_prep_workers <= 0:
