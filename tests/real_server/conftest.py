@@ -12,12 +12,15 @@ lacks it, collects only the skips of the test modules.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +44,12 @@ def skip_outside_lane() -> None:
                     allow_module_level=True)
 
 
-def manifest(port: int, health_port: int, base_config: Path) -> dict[str, Any]:
+def manifest(
+    port: int, health_port: int, base_config: Path, perf: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``MiniCPMSpeech`` the lane serves: the default profile, the model from a claim, no
     MPS and no graph precapture (neither exists on a CPU)."""
-    return {
+    body: dict[str, Any] = {
         "apiVersion": "serving.minicpm-speech.io/v1alpha1",
         "kind": "MiniCPMSpeech",
         "metadata": {"name": "speech", "namespace": "default", "uid": "real-server-lane"},
@@ -61,6 +66,9 @@ def manifest(port: int, health_port: int, base_config: Path) -> dict[str, Any]:
             },
         },
     }
+    if perf is not None:
+        body["spec"]["perf"] = perf
+    return body
 
 
 @dataclass
@@ -74,7 +82,9 @@ class PodCommand:
     health_port: int
 
 
-def render_pod_command(model_dir: Path, config_path: Path, run_dir: Path) -> PodCommand:
+def render_pod_command(
+    model_dir: Path, config_path: Path, run_dir: Path, overlay: dict[str, Any] | None = None
+) -> PodCommand:
     from minicpm_speech_operator.manifests import (
         DEPLOY_CONFIG_DIR,
         DEPLOY_CONFIG_FILE,
@@ -92,7 +102,7 @@ def render_pod_command(model_dir: Path, config_path: Path, run_dir: Path) -> Pod
     body = manifest(port, health_port, base_deploy_path())
     spec = parse_spec(body["spec"])
     cfg = serving_config(spec, profile_document(spec, None))
-    document = merge_overrides(yaml.safe_load(cfg.deploy_config), cpu_overlay())
+    document = merge_overrides(yaml.safe_load(cfg.deploy_config), overlay or cpu_overlay())
     config_path.write_text(yaml.safe_dump(document, sort_keys=False))
     deployment = build_deployment(owner_of(body), spec, cfg)
     (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
@@ -128,6 +138,12 @@ class Pod:
     @property
     def control(self) -> Path:
         return self.run_dir / "control"
+
+    def server_pid(self) -> int:
+        """The pid of ``vllm serve`` (the API server), the supervisor's child."""
+        match = re.search(r"server started \(pid (\d+)\)", self.log_tail(10**7))
+        assert match, f"the supervisor logged no server start\n{self.log_tail()}"
+        return int(match.group(1))
 
     def log_tail(self, chars: int = 4000) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -166,25 +182,56 @@ class Pod:
         return int(self.process.returncode)
 
 
-def start_pod(model_dir: Path, work: Path) -> Pod:
-    run_dir = work / "run"
-    command = render_pod_command(model_dir, work / "deploy-config.yaml", run_dir)
+def cpu_env(run_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the pod's command runs under on this machine: this venv's tools first,
+    vLLM on its CPU platform, and the supervisor's test-only switch (no GPU to check here)."""
     env = {
         **os.environ,
-        **command.env,
+        **(extra or {}),
         "MINICPM_SPEECH_RUN_DIR": str(run_dir),
-        # A test-only switch of the supervisor: there is no GPU to check on this machine.
         "MINICPM_SPEECH_TEST_WITHOUT_GPU": "1",
         "VLLM_TARGET_DEVICE": "cpu",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    return env
+
+
+def start_pod(model_dir: Path, work: Path) -> Pod:
+    run_dir = work / "run"
+    command = render_pod_command(model_dir, work / "deploy-config.yaml", run_dir)
+    env = cpu_env(run_dir, command.env)
     log = work / "pod.log"
     process = subprocess.Popen(
         command.argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     return Pod(process, command, run_dir, log, time.monotonic())
+
+
+def stream_and_kill(base: str, pid: int) -> tuple[list[bytes], BaseException | None, float]:
+    """Stream a reply, SIGKILL ``pid`` at its first audio event, read on to the end; returns
+    the lines read, the error the client got (if any) and the seconds from the kill to then."""
+    from minicpm_speech_runtime.serving.warmup import warmup_request_body
+
+    body = {**warmup_request_body(SERVED_MODEL, text="Kill test.", max_tokens=16), "stream": True}
+    request = urllib.request.Request(
+        f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    lines: list[bytes] = []
+    killed_at: float | None = None
+    error: BaseException | None = None
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            for line in response:
+                lines.append(line)
+                if killed_at is None and b'"modality":"audio"' in line.replace(b" ", b""):
+                    os.kill(pid, signal.SIGKILL)
+                    killed_at = time.monotonic()
+    except (http.client.HTTPException, OSError) as exc:
+        error = exc
+    assert killed_at is not None, f"no audio event came: {lines[-3:]!r}"
+    return lines, error, time.monotonic() - killed_at
 
 
 @pytest.fixture(scope="session")
@@ -204,3 +251,10 @@ def pod(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def seed_tts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from .seed_tts import write_seed_tts
+
+    return write_seed_tts(tmp_path_factory.mktemp("seed-tts"))

@@ -14,6 +14,11 @@ What it changes, and why:
 * The Talker's ``max_tokens`` bounds one reply's audio (25 codec frames a second); at random
   weights its EOS almost never comes, so every reply is that long (75: 3 s). The Thinker's
   ``max_tokens`` (16) bounds the text the Talker is conditioned on.
+* Short contexts (Thinker 384 tokens, Talker 416): the perf Jobs send the protocol's body,
+  which asks the Thinker for 256 tokens after a prompt of about 85 (the API refuses a prompt
+  plus ``max_tokens`` over the context) and the Talker for 2048, and the Talker stops at its
+  context's end, after the Thinker's reply it is conditioned on. With 1024 each, one such
+  request was 30.8 s of audio in 48.9 s here; these keep it to a few seconds.
 * Four streams per stage (the profile's 8 would hold more memory than the lane needs).
 * ``async_chunk: true``, as the product's base: Code2Wav decodes while the Talker generates.
 * Code2Wav: HiFT and CFM graphs off (no CUDA), CAM++ on onnxruntime, one preparation worker;
@@ -49,11 +54,12 @@ def cpu_overlay(
     talker_max_tokens: int = 75,
     thinker_max_tokens: int = 16,
     reference_prep_workers: int = 1,
+    thinker_max_model_len: int = 384,
+    talker_max_model_len: int = 416,
 ) -> dict[str, Any]:
     """What the lane merges over the operator's rendered deploy config (its stages by id)."""
     llm_stage = {
         "max_num_seqs": max_num_seqs,
-        "max_model_len": 1024,
         "max_num_batched_tokens": 1024,
         "enforce_eager": True,
         "load_format": "dummy",
@@ -63,9 +69,9 @@ def cpu_overlay(
     return {
         "async_chunk": True,
         "stages": [
-            {"stage_id": 0, **llm_stage,
+            {"stage_id": 0, **llm_stage, "max_model_len": thinker_max_model_len,
              "default_sampling_params": {"max_tokens": thinker_max_tokens}},
-            {"stage_id": 1, **llm_stage,
+            {"stage_id": 1, **llm_stage, "max_model_len": talker_max_model_len,
              "default_sampling_params": {"max_tokens": talker_max_tokens,
                                          "min_tokens": min(25, talker_max_tokens)}},
             {"stage_id": 2, "max_num_seqs": max_num_seqs, "enforce_eager": True,

@@ -13,11 +13,13 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import re
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,8 @@ import pytest
 import soundfile as sf
 from minicpm_speech_runtime.serving.warmup import synthetic_voice_uri, warmup_request_body
 
-from .conftest import SERVED_MODEL, Pod, http_get, skip_outside_lane
+from .conftest import SERVED_MODEL, Pod, http_get, skip_outside_lane, stream_and_kill
+from .perf_job import job_config, judge, run_job
 
 skip_outside_lane()
 
@@ -171,6 +174,7 @@ def test_a_streamed_reply_joins_into_the_whole_reply(pod: Pod) -> None:
         ({"modalities": ["text", "smell"]}, "an unknown modality"),
         ({"ref_audio": "data:audio/wav;base64," + base64.b64encode(b"not audio").decode()},
          "a reference voice that is not audio"),
+        ({"max_tokens": 10**9}, "max_tokens far over the model's context"),
     ],
 )
 def test_a_bad_request_gets_a_4xx_and_the_next_one_is_served(
@@ -181,3 +185,57 @@ def test_a_bad_request_gets_a_4xx_and_the_next_one_is_served(
     assert 400 <= status < 500, f"{why}: {status} {raw[:300]!r}"
     assert raw.strip(), f"{why}: the error has no body"
     check_speech(*post(pod, speech("Still serving.")))
+
+
+def test_the_wer_run_scores_this_pods_speech_with_the_official_evaluator(
+    pod: Pod, model_dir: Path, seed_tts: Path, tmp_path: Path
+) -> None:
+    """``perf-jobs wer run`` as a live WER Job runs it, against this pod: the official client
+    with its Seed-TTS WER evaluator on (a tiny random Whisper in Whisper's own layout), four
+    sentences at C8 then C1. Random weights make the WER itself meaningless; what is checked
+    is that every request was served and judged and every number parsed."""
+    from .whisper_folder import write_tiny_whisper
+
+    whisper = write_tiny_whisper(tmp_path / "whisper")
+    counts = {"measured": 4, "warmup": 2, "repeats": 1}
+    (tmp_path / "job").mkdir()
+    config = job_config("wer", model_dir, seed_tts, tmp_path / "job", counts,
+                        base_url=pod.base, whisper_model=str(whisper))
+    run = run_job(["wer", "run"], config, tmp_path / "job")
+    print(f"\nwer run: {run.seconds:.0f} s, exit {run.returncode}\n{run.message}")
+    assert run.returncode == 0, f"{run.output[-3000:]}\n{run.logs()}"
+    result = judge(run, "wer")
+    assert result.reason == "", result.message
+    entries = result.doc["wer"]
+    assert [e["c"] for e in entries] == [8, 1]
+    for entry in entries:
+        assert entry["done"] == entry["n"] == counts["measured"]
+        assert entry["judged"] == entry["done"]
+        assert entry["wer"] is not None and math.isfinite(entry["wer"]) and entry["wer"] >= 0
+    wavs = sorted((run.artifacts / "wavs").rglob("*.wav"))
+    assert len(wavs) == 2 * counts["measured"]
+    for wav in wavs:
+        samples, rate = sf.read(wav, dtype="float32")
+        assert rate == 24000 and samples.size > 0
+
+
+def test_a_killed_stage_2_worker_mid_stream_fails_the_pod(pod: Pod) -> None:
+    """Stage 2's worker killed during a streamed reply (last: the pod does not survive it).
+    The client gets an error event and the end of the stream, not a hang. vLLM-Omni keeps its
+    API server up with the stage gone and answers 503 on /health: the supervisor turns
+    unready, stops the server and exits non-zero, so that Kubernetes restarts the pod, and the
+    records of the dead stage 2 are withdrawn."""
+    worker = int(pod.control_file("plugin.json")["pid"])
+    lines, error, after = stream_and_kill(pod.base, worker)
+    events = [json.loads(line[len(b"data:"):]) for line in lines
+              if line.startswith(b"data:") and b"[DONE]" not in line]
+    assert error is None and after < 60, (error, after)
+    assert any("error" in e for e in events), events[-2:]
+    began = time.monotonic()
+    while http_get(f"{pod.health}/readyz")[0] == 200:
+        assert time.monotonic() - began < 15, "still ready with stage 2 gone"
+        time.sleep(0.5)
+    rc = pod.process.wait(timeout=180)
+    assert rc == 1, pod.log_tail()
+    assert "server unhealthy: /health answered 503" in pod.log_tail()
+    assert sorted(p.name for p in pod.control.glob("*.json")) == []
