@@ -82,9 +82,7 @@ class PodCommand:
     health_port: int
 
 
-def render_pod_command(
-    model_dir: Path, config_path: Path, run_dir: Path, overlay: dict[str, Any] | None = None
-) -> PodCommand:
+def render_pod_command(model_dir: Path, config_path: Path, run_dir: Path) -> PodCommand:
     from minicpm_speech_operator.manifests import (
         DEPLOY_CONFIG_DIR,
         DEPLOY_CONFIG_FILE,
@@ -102,7 +100,7 @@ def render_pod_command(
     body = manifest(port, health_port, base_deploy_path())
     spec = parse_spec(body["spec"])
     cfg = serving_config(spec, profile_document(spec, None))
-    document = merge_overrides(yaml.safe_load(cfg.deploy_config), overlay or cpu_overlay())
+    document = merge_overrides(yaml.safe_load(cfg.deploy_config), cpu_overlay())
     config_path.write_text(yaml.safe_dump(document, sort_keys=False))
     deployment = build_deployment(owner_of(body), spec, cfg)
     (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
