@@ -82,32 +82,62 @@ class PodCommand:
     health_port: int
 
 
+@dataclass
+class Rendered:
+    """What the operator makes of the lane's manifest: the resource, its parsed spec and its
+    serving config (the deploy config a pod or a perf Job's arm is given)."""
+
+    body: dict[str, Any]
+    spec: Any
+    cfg: Any
+
+    def write_cpu_deploy_config(self, path: Path) -> dict[str, Any]:
+        """The rendered deploy config under the lane's CPU overlay, written to ``path``."""
+        from minicpm_speech_operator.profiles import merge_overrides
+
+        from .deploy_config import cpu_overlay
+
+        document = merge_overrides(yaml.safe_load(self.cfg.deploy_config), cpu_overlay())
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        return document
+
+    def localized(self, argv: list[str], model_dir: Path, config_in_pod: str,
+                  config_path: Path) -> list[str]:
+        """``argv`` with the pod's model folder and deploy-config file pointed at this
+        machine's."""
+        from minicpm_speech_operator.manifests import model_target
+
+        local = {model_target(self.spec): str(model_dir), config_in_pod: str(config_path)}
+        return [local.get(a, a) for a in argv]
+
+
+def render(port: int, health_port: int, perf: dict[str, Any] | None = None) -> Rendered:
+    from minicpm_speech_operator.serving_config import profile_document, serving_config
+    from minicpm_speech_operator.spec import parse_spec
+
+    from .deploy_config import base_deploy_path
+
+    body = manifest(port, health_port, base_deploy_path(), perf)
+    spec = parse_spec(body["spec"])
+    return Rendered(body, spec, serving_config(spec, profile_document(spec, None)))
+
+
 def render_pod_command(model_dir: Path, config_path: Path, run_dir: Path) -> PodCommand:
     from minicpm_speech_operator.manifests import (
         DEPLOY_CONFIG_DIR,
         DEPLOY_CONFIG_FILE,
         build_deployment,
-        model_target,
         owner_of,
     )
-    from minicpm_speech_operator.profiles import merge_overrides
-    from minicpm_speech_operator.serving_config import profile_document, serving_config
-    from minicpm_speech_operator.spec import parse_spec
-
-    from .deploy_config import base_deploy_path, cpu_overlay
 
     port, health_port = free_port(), free_port()
-    body = manifest(port, health_port, base_deploy_path())
-    spec = parse_spec(body["spec"])
-    cfg = serving_config(spec, profile_document(spec, None))
-    document = merge_overrides(yaml.safe_load(cfg.deploy_config), cpu_overlay())
-    config_path.write_text(yaml.safe_dump(document, sort_keys=False))
-    deployment = build_deployment(owner_of(body), spec, cfg)
+    rendered = render(port, health_port)
+    document = rendered.write_cpu_deploy_config(config_path)
+    deployment = build_deployment(owner_of(rendered.body), rendered.spec, rendered.cfg)
     (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
                  if c["name"] == "server"]
-    local = {model_target(spec): str(model_dir),
-             f"{DEPLOY_CONFIG_DIR}/{DEPLOY_CONFIG_FILE}": str(config_path)}
-    argv = [local.get(a, a) for a in [*server["command"], *server["args"]]]
+    argv = rendered.localized([*server["command"], *server["args"]], model_dir,
+                              f"{DEPLOY_CONFIG_DIR}/{DEPLOY_CONFIG_FILE}", config_path)
     env = {e["name"]: e["value"] for e in server["env"] if "value" in e}
     env["HF_HOME"] = str(run_dir.parent / "hf-home")
     return PodCommand(argv, env, document, port, health_port)

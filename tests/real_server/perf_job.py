@@ -19,8 +19,7 @@ from typing import Any
 
 import yaml
 
-from .conftest import cpu_env, free_port, manifest
-from .deploy_config import base_deploy_path, cpu_overlay
+from .conftest import cpu_env, free_port, render
 
 PERF = {"concurrencies": [1, 2], "headlineConcurrency": 2, "gate": {"concurrencies": [1]}}
 
@@ -47,7 +46,7 @@ def job_config(kind: str, model_dir: Path, seed_tts: Path, work: Path,
     """The operator's program config for a ``kind`` Job ("sweep" or "wer") of the lane's
     manifest, pointed at this machine. ``local`` may give ``base_url`` (a live Job: the pod
     to measure) and ``whisper_model`` (the WER run's evaluator)."""
-    from minicpm_speech_operator.manifests import model_target, owner_of
+    from minicpm_speech_operator.manifests import owner_of
     from minicpm_speech_operator.perf_jobs import (
         CANDIDATE_FILE,
         CONFIG_DIR,
@@ -56,25 +55,19 @@ def job_config(kind: str, model_dir: Path, seed_tts: Path, work: Path,
         job_name,
         program_config,
     )
-    from minicpm_speech_operator.profiles import merge_overrides
-    from minicpm_speech_operator.serving_config import profile_document, serving_config
-    from minicpm_speech_operator.spec import parse_spec
 
     live = "base_url" in local
-    perf = {**PERF, "placement": "live"} if live else PERF
-    body = manifest(free_port(), free_port(), base_deploy_path(), perf)
-    spec = parse_spec(body["spec"])
-    cfg = serving_config(spec, profile_document(spec, None))
-    owner = owner_of(body)
-    config = program_config(owner, JobRequest(kind, 1, Arm(spec, cfg)),  # type: ignore[arg-type]
+    rendered = render(free_port(), free_port(), {**PERF, "placement": "live"} if live else PERF)
+    cfg = rendered.cfg
+    owner = owner_of(rendered.body)
+    config = program_config(owner, JobRequest(kind, 1, Arm(rendered.spec, cfg)),  # type: ignore[arg-type]
                             job_name(owner, kind, cfg.config_hash, 1))  # type: ignore[arg-type]
     deploy = work / CANDIDATE_FILE
-    deploy.write_text(yaml.safe_dump(
-        merge_overrides(yaml.safe_load(cfg.deploy_config), cpu_overlay()), sort_keys=False))
-    paths = {model_target(spec): str(model_dir), f"{CONFIG_DIR}/{CANDIDATE_FILE}": str(deploy)}
+    rendered.write_cpu_deploy_config(deploy)
     for arm in config["arms"]:
         if "command" in arm:  # a live Job's arm starts no server
-            arm["command"] = [paths.get(a, a) for a in arm["command"]]
+            arm["command"] = rendered.localized(arm["command"], model_dir,
+                                                f"{CONFIG_DIR}/{CANDIDATE_FILE}", deploy)
     config["client"] |= {"tokenizer": str(model_dir), "dataset_root": str(seed_tts),
                          "run_timeout_s": 900}
     if live:
