@@ -8,6 +8,7 @@ import gc
 import hashlib
 import importlib
 import sys
+import threading
 import types
 import weakref
 from dataclasses import dataclass
@@ -18,10 +19,13 @@ import pytest
 import torch
 import yaml
 from minicpm_speech_runtime.serving import control, plugin
+from minicpm_speech_runtime.serving.arrivals import spool_reference
 from minicpm_speech_runtime.serving.backend import VLLM_OMNI_READS, Code2WavBackend
+from minicpm_speech_runtime.serving.prompt_memo import LockedPromptTable
 from minicpm_speech_runtime.wav import encode_wav_pcm16
 
 FEATURES_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav"
+MAIN = threading.main_thread()
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
             self.refs, self.spool = refs, spool
             self.materialized: list[str] = []
             self.calls: list[tuple[str, Any]] = []
+            self.normalising: threading.Event | None = None
+            self.hold_arrivals = threading.Event()
 
         def _extra_config(self) -> dict[str, Any]:
             return dict(self._extras)
@@ -102,6 +108,9 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
             yield from buckets
 
         def _materialize_runtime_prompt(self, ref_audio: Any, sample_rate: int) -> Any:
+            if self.normalising is not None and threading.current_thread() is not MAIN:
+                self.normalising.set()  # the arrival watcher is in vLLM-Omni's normalisation
+                assert self.hold_arrivals.wait(30)
             if isinstance(ref_audio, torch.Tensor):  # a voice spooled at arrival
                 data = encode_wav_pcm16(ref_audio.numpy(), sample_rate)
                 ref_audio = hashlib.sha256(data).hexdigest()[:12]
@@ -109,7 +118,16 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
             path = self.spool / f"{ref_audio}.wav"
             path.write_bytes(self.refs[ref_audio])
             self.materialized.append(ref_audio)
-            return ref_audio, _Entry(f"runtime-ref-{ref_audio}", str(path))
+            entry = _Entry(f"runtime-ref-{ref_audio}", str(path))
+            table = getattr(self, "_runtime_prompts", None)
+            if table is not None:  # vLLM-Omni's table, as its own method keeps it
+                found = table.get(ref_audio)
+                if found is None:
+                    table[ref_audio] = entry
+                else:
+                    entry = found
+                    table.move_to_end(ref_audio)
+            return ref_audio, entry
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.calls.append(("forward", args))
@@ -427,13 +445,11 @@ def test_a_voice_spooled_at_arrival_is_prepared_before_its_first_window(
     assert not backend.arrival_watcher._thread.is_alive()
 
 
-def test_the_models_step_and_arrivals_take_turns(
+def test_the_models_step_and_its_finished_requests_take_turns(
     fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
 ) -> None:
-    """vLLM-Omni's runtime-prompt table is not thread-safe: the model's forward and
-    ``on_requests_finished`` wait while the arrival watcher holds the model."""
-    import threading
-
+    """The model's forward and ``on_requests_finished`` run one at a time, whichever threads
+    call them."""
     from minicpm_speech_runtime.synth import wav_bytes
 
     extras = _deploy(tmp_path, monkeypatch)
@@ -455,4 +471,114 @@ def test_the_models_step_and_arrivals_take_turns(
             t.join(10)
         assert sorted(name for name, _ in model.calls) == ["finished", "forward"]
     finally:
+        backend.close()
+
+
+def _watched_model(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path,
+    table: bool,
+) -> Any:
+    """A model whose arrival watcher stops inside vLLM-Omni's normalisation until released."""
+    from collections import OrderedDict
+
+    from minicpm_speech_runtime.synth import wav_bytes
+
+    extras = _deploy(tmp_path, monkeypatch)
+    plugin.register()
+    model = fake_vllm_omni(extras, model_dir, {"default": wav_bytes(2.0, 24000, seed=1)},
+                           tmp_path)
+    if table:
+        model._runtime_prompts = OrderedDict()
+    model.normalising = threading.Event()
+    model._build_backend()
+    return model
+
+
+def _arrive(model: Any, tmp_path: Path, seed: int) -> None:
+    from minicpm_speech_runtime.synth import voice_like
+
+    spool_reference(tmp_path / "control" / "arrivals", f"req-{seed}",
+                    voice_like(2.5, 16000, seed=seed), 16000)
+    assert model.normalising.wait(30), "the watcher never took the arrival"
+
+
+def test_an_arriving_voice_does_not_hold_up_the_models_step(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    """While the arrival watcher normalises a voice (milliseconds a voice, on vLLM-Omni's
+    code), the model's forward runs: the table they share is locked per operation, not the
+    model. The voice is then prepared ahead as before."""
+    model = _watched_model(fake_vllm_omni, tmp_path, monkeypatch, model_dir, table=True)
+    backend = model.backend
+    assert isinstance(model._runtime_prompts, LockedPromptTable)
+    try:
+        _arrive(model, tmp_path, seed=31)
+        step = threading.Thread(target=model.forward, args=(1,))
+        step.start()
+        step.join(5)
+        assert not step.is_alive() and model.calls == [("forward", (1,))]
+        assert not model.hold_arrivals.is_set()  # the voice is still being normalised
+        model.hold_arrivals.set()
+        assert _until(lambda: len(model._runtime_prompts) == 1)
+        assert backend.prep is not None and _until(lambda: backend.prep.wait_idle(1))
+        entry = next(iter(model._runtime_prompts.values()))
+        was = backend.prep.counters.snapshot()
+        backend.prepare_prompt(entry.cache_id, entry.path)  # its first window
+        now = backend.prep.counters.snapshot()
+        assert {k: now[k] - was[k] for k in now if now[k] != was[k]} == {"ahead": 1}
+    finally:
+        model.hold_arrivals.set()
+        backend.close()
+
+
+def test_a_voice_evicted_while_it_was_normalised_is_not_prepared(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    """A forward that lets a voice go while the watcher normalised it (vLLM-Omni evicts an
+    unowned prompt when its table is full) wins: the watcher hands preparation nothing, so no
+    job pins a voice that nobody would release."""
+    from prometheus_client import REGISTRY
+
+    model = _watched_model(fake_vllm_omni, tmp_path, monkeypatch, model_dir, table=True)
+    backend = model.backend
+    assert backend.prep is not None
+    taken = "minicpm_speech_reference_arrivals_total"
+
+    def arrivals_taken() -> float:
+        return REGISTRY.get_sample_value(taken, {"outcome": "taken"}) or 0.0
+
+    before = arrivals_taken(), backend.prep.pins(), backend.prep.counters.snapshot()
+    try:
+        _arrive(model, tmp_path, seed=32)
+        with backend.model_lock:  # a forward is running
+            model.hold_arrivals.set()
+            assert _until(lambda: len(model._runtime_prompts) == 1)
+            key = next(iter(model._runtime_prompts.keys()))
+            model._runtime_prompts.pop(key)  # ... and evicts the new, unowned voice
+        assert _until(lambda: arrivals_taken() == before[0] + 1)  # the watcher is past it
+        assert backend.prep.wait_idle(10)
+        assert backend.prep.pins() == before[1] and backend.prep.live_spool_files() == []
+        assert backend.prep.counters.snapshot() == before[2]  # no job was started
+    finally:
+        backend.close()
+
+
+def test_without_a_table_it_knows_the_watcher_takes_turns_with_the_step(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    """A vLLM-Omni whose runtime prompts are not the ``OrderedDict`` this plugin shares: the
+    watcher normalises under the model lock, and the forward waits for it."""
+    model = _watched_model(fake_vllm_omni, tmp_path, monkeypatch, model_dir, table=False)
+    backend = model.backend
+    try:
+        _arrive(model, tmp_path, seed=33)
+        step = threading.Thread(target=model.forward, args=(1,))
+        step.start()
+        step.join(0.5)
+        assert step.is_alive() and model.calls == []
+        model.hold_arrivals.set()
+        step.join(10)
+        assert model.calls == [("forward", (1,))]
+    finally:
+        model.hold_arrivals.set()
         backend.close()

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 import torch
-from minicpm_speech_runtime.serving.prompt_memo import PromptMemo, raw_reference
+from minicpm_speech_runtime.serving.prompt_memo import (
+    LockedPromptTable,
+    PromptMemo,
+    raw_reference,
+)
 
 
 def wave(seconds: float, seed: int, rate: int = 24000) -> torch.Tensor:
@@ -79,3 +87,56 @@ def test_a_rate_given_as_a_tensor_or_float_is_read() -> None:
     samples = torch.zeros(10)
     assert raw_reference(samples, torch.tensor(24000))[1] == 24000  # type: ignore[index]
     assert raw_reference(samples, 16000.0)[1] == 16000  # type: ignore[index]
+
+
+def test_the_shared_table_lets_a_loop_that_evicts_run_while_entries_arrive() -> None:
+    """vLLM-Omni evicts by iterating its table's ``items()``; in a plain ``OrderedDict`` a
+    voice the arrival watcher adds meanwhile ends that loop with a RuntimeError."""
+    plain: OrderedDict[str, int] = OrderedDict(a=1, b=2)
+    with pytest.raises(RuntimeError, match="mutated during iteration"):
+        for key, _ in plain.items():
+            plain[key + "-new"] = 0
+    table = LockedPromptTable(a=1, b=2)
+    for key, _ in table.items():
+        table[key + "-new"] = 0  # the other thread's arrival, inside the evicting loop
+    assert list(table) == ["a", "b", "a-new", "b-new"]
+    assert isinstance(table, OrderedDict)  # what the plugin and vLLM-Omni check
+
+
+def test_the_shared_table_keeps_its_order_and_entries_under_two_threads() -> None:
+    """One thread adds and touches entries as the arrival watcher does, the other evicts the
+    oldest beyond a bound as vLLM-Omni's trim does; nothing raises and the bound holds."""
+    table = LockedPromptTable()
+    errors: list[BaseException] = []
+    bound = 8
+
+    def arrive() -> None:
+        try:
+            for i in range(5000):
+                table[f"v{i}"] = i
+                if table.get(f"v{i - 1}") is not None:
+                    with contextlib.suppress(KeyError):  # the trim may have taken it
+                        table.move_to_end(f"v{i - 1}")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def trim() -> None:
+        try:
+            for _ in range(5000):
+                while len(table) > bound:
+                    victim = next(((k, v) for k, v in table.items()), None)
+                    if victim is None:
+                        break
+                    table.pop(victim[0], None)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=arrive), threading.Thread(target=trim)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert len(table.items()) == len(table) == len(set(table))
+    assert list(table)[-2:] == ["v4999", "v4998"]  # the last arrival, then the one it touched
+    assert all(table[key] == int(key[1:]) for key in table)

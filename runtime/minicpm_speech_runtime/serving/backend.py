@@ -43,11 +43,10 @@ vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
   (its ``cache_id``); vLLM-Omni calls ``evict_prompt`` when no request holds it, which releases
   it. Without workers, ``inline_prepare`` prepares at chunk 0.
 * **From arrival.** The plugin's arrival watcher (:mod:`.arrivals`) runs vLLM-Omni's own
-  reference normalisation for a voice spooled when its request arrived, under
-  :attr:`Code2WavBackend.model_lock` (vLLM-Omni's runtime-prompt table is not thread-safe;
-  the plugin holds the same lock around the model's ``forward`` and
-  ``on_requests_finished``), and notes the arrival (:meth:`note_arrival`); chunk 0 then
-  observes how long before it the voice was ready.
+  reference normalisation for a voice spooled when its request arrived, beside the model's
+  ``forward`` (the runtime-prompt table they share is locked per operation; see
+  :class:`~.prompt_memo.LockedPromptTable`), and notes the arrival (:meth:`note_arrival`);
+  chunk 0 then observes how long before it the voice was ready.
 """
 
 from __future__ import annotations

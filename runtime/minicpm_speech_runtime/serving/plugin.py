@@ -24,8 +24,8 @@ NPU patch wraps ``_build_backend``), once per process, guarded by a marker on th
   per forward, across every voice.
 * ``_materialize_runtime_prompt``: once vLLM-Omni has written a request's reference WAV, the
   backend's ``submit_ahead`` starts preparing it.
-* ``forward`` and ``on_requests_finished``: held under the backend's ``model_lock``, which the
-  arrival watcher takes too (see below).
+* ``forward`` and ``on_requests_finished``: held under the backend's ``model_lock``, one at a
+  time.
 
 In the API server's process (``vllm serve`` itself), a request error vLLM classifies as the
 client's is answered with its 4xx rather than vLLM-Omni's 500 (:mod:`.api_errors`).
@@ -37,7 +37,9 @@ stage-0 bridge reads it from the prompt (``_extract_prompt_reference_audio``), i
 the control directory. In stage 2 an :class:`~.arrivals.ArrivalWatcher` takes it and runs
 vLLM-Omni's ``_materialize_runtime_prompt`` on it (which starts preparation), so chunk 0 finds
 the voice prepared; vLLM-Omni's runtime-prompt cache (``token2wav_runtime_prompt_cache_size``)
-keeps it until then.
+keeps it until then. The watcher works beside the forward, not between two forwards: the
+runtime-prompt table it shares with them becomes a
+:class:`~.prompt_memo.LockedPromptTable`.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from .control import (
     control_dir_from_env,
     write_json,
 )
-from .prompt_memo import PromptMemo, raw_reference
+from .prompt_memo import LockedPromptTable, PromptMemo, raw_reference
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +178,7 @@ def patch_code2wav(cls: type) -> bool:
                 known = original_materialize(self, ref_audio, sample_rate)
                 if raw is not None:
                     backend.prompt_memo.remember(*raw, known[0])
-            entry = known[1]
-            try:
-                backend.submit_ahead(entry.cache_id, entry.path)
-            except Exception:  # preparation falls back inline at chunk 0
-                log.exception("plugin: ahead-of-time preparation not started")
+            start_preparation(self, backend, *known)
             return known
 
         original_forward = cls.forward  # type: ignore[attr-defined]
@@ -218,8 +216,26 @@ def remembered_prompt(
     entry = prompts.get(cache_key)
     if entry is None or not Path(entry.path).is_file():
         return None
-    prompts.move_to_end(cache_key)
+    try:
+        prompts.move_to_end(cache_key)
+    except KeyError:  # evicted by the other thread since: vLLM-Omni writes it again
+        return None
     return cache_key, entry
+
+
+def start_preparation(model: Any, backend: Any, cache_key: str, entry: Any) -> None:
+    """Hand a normalised voice to preparation, under the model lock: only a forward or
+    ``on_requests_finished`` evicts a runtime prompt (and releases its preparation), so a voice
+    the arrival watcher normalised beside a forward is handed over after that forward, and
+    only if vLLM-Omni still holds it; otherwise its job would pin a voice nobody releases."""
+    with _model_lock(model):
+        prompts = getattr(model, "_runtime_prompts", None)
+        if isinstance(prompts, OrderedDict) and prompts.get(cache_key) is not entry:
+            return  # evicted meanwhile: its first window prepares it, if it comes
+        try:
+            backend.submit_ahead(entry.cache_id, entry.path)
+        except Exception:  # preparation falls back inline at chunk 0
+            log.exception("plugin: ahead-of-time preparation not started")
 
 
 def _model_lock(model: Any) -> Any:
@@ -277,13 +293,29 @@ def spool_arrival(request_id: str, prompt: Any) -> Path | None:
 
 def take_arrival(model: Any, backend: Any, arrival: Arrival) -> None:
     """Stage 2's side of an arrival: vLLM-Omni's own normalisation and runtime prompt, which
-    the wrapped ``_materialize_runtime_prompt`` hands to preparation."""
+    the wrapped ``_materialize_runtime_prompt`` hands to preparation (:func:`start_preparation`).
+    With vLLM-Omni's table shared (:func:`share_prompt_table`) the normalisation runs beside a
+    forward, since the memo and the arrival record take their own locks; otherwise it takes
+    turns with the forward on the model lock."""
     import torch
 
-    with backend.model_lock:
+    shared = isinstance(getattr(model, "_runtime_prompts", None), LockedPromptTable)
+    with contextlib.nullcontext() if shared else backend.model_lock:
         _, entry = model._materialize_runtime_prompt(
             torch.from_numpy(arrival.samples), arrival.sample_rate)
-        backend.note_arrival(entry.cache_id, arrival.arrived_at)
+    backend.note_arrival(entry.cache_id, arrival.arrived_at)
+
+
+def share_prompt_table(model: Any) -> bool:
+    """Put a :class:`LockedPromptTable` holding vLLM-Omni's runtime prompts in its place;
+    False when the model has no such table (a vLLM-Omni this plugin does not know)."""
+    prompts = getattr(model, "_runtime_prompts", None)
+    if isinstance(prompts, LockedPromptTable):
+        return True
+    if not isinstance(prompts, OrderedDict):
+        return False
+    model._runtime_prompts = LockedPromptTable(prompts)
+    return True
 
 
 def install_runtime_backend(model: Any) -> Any:
@@ -334,6 +366,7 @@ def install_runtime_backend(model: Any) -> Any:
         })
     _precapture(model, backend, options, control)
     if control is not None and backend.prep is not None:
+        share_prompt_table(model)
         _warn_small_prompt_cache(model, backend.engine.config.max_streams)
         backend.arrival_watcher = ArrivalWatcher(
             control / ARRIVALS_SUBDIR,
