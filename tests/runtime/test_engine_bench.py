@@ -48,3 +48,30 @@ def test_bench_names_the_stages_it_can_skip(tmp_path: Path, child_env: dict[str,
     out = str(tmp_path / "x.json")
     run = _bench(child_env, "--generate", "tiny", "--skip", "warmup", "--json", out)
     assert run.returncode == 2 and "['burst', 'parity']" in run.stderr
+
+
+def test_the_closed_loop_can_start_every_stream_as_vllm_omni_does() -> None:
+    """The served bench's engine rows decode the token streams its served rows decode: with a
+    prefix of vLLM-Omni's 3 silence codes, a stream is those codes and its 250 tokens, pushed
+    28 first and 25 a step, and its last push is the one that completes all 253."""
+    from dataclasses import dataclass
+
+    from minicpm_speech_runtime.bench.engine_bench import UTT_TOKENS, Loop
+    from minicpm_speech_runtime.bench.parity import utterance
+
+    @dataclass
+    class Voice:
+        key: str
+
+    silence = (4218, 4218, 4218)
+    for prefix in ((), silence):
+        loop = Loop(voices=[Voice("v")], conc=1, prefix=prefix)
+        sid, _ = loop.new_stream()
+        pieces, last = [], False
+        while not last:
+            toks, last = loop.piece(sid)
+            pieces.append(toks)
+        assert [len(p) for p in pieces[:2]] == [28, 25]
+        assert [t for p in pieces for t in p] == list(prefix) + utterance(UTT_TOKENS, sid)
+        # 250 tokens end on a 25-token chunk (22 pushed + 3 held); 253 on a 28-token one
+        assert len(pieces[-1]) == (22 if not prefix else 25)

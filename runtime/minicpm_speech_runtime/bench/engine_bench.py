@@ -148,10 +148,14 @@ def dit_flops_per_chunk(models: Code2WavModels, frames: int, keys: int) -> float
 
 
 class Loop:
-    """The closed-loop client: C live streams, each 250 tokens pushed 28, then 25 per step."""
+    """The closed-loop client: C live streams, each 250 tokens pushed 28, then 25 per step.
+    ``prefix`` goes before each stream's tokens: vLLM-Omni's connector starts every stream
+    with 3 silence codes, which shifts its last chunk from a 25-token one (batched with the
+    continuing chunks) to a 28-token one (a one-row HiFT graph each)."""
 
-    def __init__(self, voices: list[Any], conc: int) -> None:
+    def __init__(self, voices: list[Any], conc: int, prefix: tuple[int, ...] = ()) -> None:
         self.voices, self.conc, self.next = voices, conc, 0
+        self.prefix, self.total = list(prefix), len(prefix) + UTT_TOKENS
         self.sent: dict[int, int] = {}
         self.start: dict[int, float] = {}
         self.pushed: dict[int, float] = {}
@@ -168,10 +172,10 @@ class Loop:
 
     def piece(self, sid: int) -> tuple[list[int], bool]:
         n = PIECE if self.sent[sid] else FIRST_WINDOW
-        toks = utterance(UTT_TOKENS, sid)[self.sent[sid] : self.sent[sid] + n]
+        toks = (self.prefix + utterance(UTT_TOKENS, sid))[self.sent[sid] : self.sent[sid] + n]
         self.sent[sid] += len(toks)
         self.pushed[sid] = time.perf_counter()
-        return toks, self.sent[sid] >= UTT_TOKENS
+        return toks, self.sent[sid] >= self.total
 
     def got(self, sid: int, samples: int) -> None:
         now = time.perf_counter()
@@ -250,6 +254,7 @@ def run_engine(
     peak: float,
     graphs: bool,
     fused: bool,
+    prefix: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     # every stream is a cold voice here, so the setup cache could only cost memory
@@ -266,7 +271,7 @@ def run_engine(
     eng.warmup()
     _sync()
     precapture_s = time.perf_counter() - t0
-    loop, live = steady_loop(eng, voices, conc)
+    loop, live = steady_loop(eng, voices, conc, prefix)
     _reset_peak()
     loop.reset_stats()
     t0 = time.perf_counter()
@@ -316,10 +321,12 @@ def mean_prompt_frames(voices: list[Any]) -> int:
     return int(np.mean([v.prompt_mels.shape[1] for v in voices]))
 
 
-def steady_loop(eng: Code2WavEngine, voices: list[Any], conc: int) -> tuple[Loop, set[int]]:
+def steady_loop(
+    eng: Code2WavEngine, voices: list[Any], conc: int, prefix: tuple[int, ...] = ()
+) -> tuple[Loop, set[int]]:
     """The closed loop at ``conc`` streams, warmed up into its steady state (allocator, library
     heuristics): streams ramp up at most C/10 per step, then run one more utterance."""
-    loop, live = Loop(voices, conc), set[int]()
+    loop, live = Loop(voices, conc, prefix), set[int]()
     _engine_loop(eng, loop, live, conc, seconds=2.0, min_steps=22, ramp=-(-conc // 10))
     return loop, live
 

@@ -468,15 +468,18 @@ def engine_direct(
     res: dict[str, Any], folder: Path, concs: list[int], window: float, peak: float,
     voices: int, out: Path,
 ) -> None:
-    """This project's engine on the same weights, driven directly (prepared voices)."""
+    """This project's engine on the same weights, driven directly (prepared voices), on the
+    token streams the served rows decode: vLLM-Omni's 3 silence codes, then the utterance."""
     from ..assets import load_code2wav
+    from .stage2 import SILENCE
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     models = load_code2wav(folder / "assets" / "token2wav", dev)
     prepared = bench_voices(models, voices)
+    prefix = (SILENCE,) * CONNECTOR["codec_left_context_frames"]
     for c in concs:
-        _stage(res["engine"], str(c),
-               lambda c=c: run_engine(models, prepared, c, window, peak, True, True))
+        _stage(res["engine"], str(c), lambda c=c: run_engine(
+            models, prepared, c, window, peak, True, True, prefix=prefix))
         _save(res, out)
 
 
