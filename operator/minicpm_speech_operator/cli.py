@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -25,6 +26,8 @@ DEMO_MANIFEST = "minicpmspeech.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .leader import LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S
+
     parser = argparse.ArgumentParser(prog="minicpm-speech", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +49,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="hold a coordination.k8s.io Lease before reconciling")
     run.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE"))
     run.add_argument("--leader-election-name", default="minicpm-speech-operator")
+    run.add_argument("--lease-duration", type=float, default=LEASE_DURATION_S,
+                     help="seconds a Lease is held without renewal (default: %(default)s)")
+    run.add_argument("--lease-renew-deadline", type=float,
+                     default=RENEW_DEADLINE_S,
+                     help="seconds the leader keeps retrying a failed renewal before it stops "
+                          "leading; below the lease duration (default: %(default)s)")
+    run.add_argument("--lease-retry-period", type=float, default=RETRY_PERIOD_S,
+                     help="seconds between tries on the Lease (default: %(default)s)")
+    run.add_argument("--log-level", default="INFO",
+                     choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                     help="log verbosity on stderr (default: %(default)s)")
     run.add_argument("--metrics-port", type=int, default=8080)
     run.add_argument("--health-port", type=int, default=8081)
     args = parser.parse_args(argv)
@@ -73,6 +87,8 @@ async def _operator(args: argparse.Namespace) -> int:
 
     if args.leader_elect and not args.leader_election_namespace:
         raise SystemExit("--leader-elect needs --leader-election-namespace or POD_NAMESPACE")
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve_metrics(args.metrics_port)
     health = Health()
     health_server = await serve_health(args.health_port, health)
@@ -80,8 +96,13 @@ async def _operator(args: argparse.Namespace) -> int:
     try:
         if args.leader_elect:
             identity = os.environ.get("POD_NAME") or os.uname().nodename
-            elector = LeaderElector(load_configuration(), LeaseConfig(
-                args.leader_election_namespace, args.leader_election_name, identity))
+            try:
+                lease = LeaseConfig(args.leader_election_namespace, args.leader_election_name,
+                                    identity, args.lease_duration, args.lease_renew_deadline,
+                                    args.lease_retry_period)
+            except ValueError as error:
+                raise SystemExit(f"--lease-*: {error}") from error
+            elector = LeaderElector(load_configuration(), lease)
             await elector.acquire()
             renewing = asyncio.create_task(elector.keep_renewing())
         health.operator = asyncio.create_task(kopf.operator(

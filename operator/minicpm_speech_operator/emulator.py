@@ -18,6 +18,7 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import random
 import re
 import tempfile
 import threading
@@ -54,6 +55,25 @@ _END_OF_STREAM = object()
 
 class KubernetesStatusError(kmock.KubernetesError):
     """An API answer other than success; rendered by kmock as a ``Status`` object."""
+
+
+@dataclasses.dataclass
+class Fault:
+    """What a misbehaving API server does to matching requests, injected by a test: answer
+    ``status`` instead of serving, or serve after ``delay_s``. It applies to the next
+    ``times`` matching requests, each with ``probability`` (drawn from the emulator's seeded
+    generator, so a schedule repeats run to run)."""
+
+    method: str  # an HTTP method, or "*"
+    path: str  # a regular expression searched in the request's path
+    status: int | None = None
+    delay_s: float = 0.0
+    times: int = 1
+    probability: float = 1.0
+
+    def matches(self, method: str, path: str) -> bool:
+        return (self.times > 0 and self.method in ("*", method.upper())
+                and re.search(self.path, path) is not None)
 
 
 def _error(status: int, reason: str, message: str) -> KubernetesStatusError:
@@ -157,6 +177,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         factory=lambda: collections.defaultdict(list), init=False
     )
 
+    _faults: list[Fault] = attrs.field(factory=list, init=False)
+    _fault_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _fault_random: random.Random = attrs.field(factory=lambda: random.Random(0), init=False)
+    faults_applied: list[tuple[str, str, int | None, float]] = attrs.field(
+        factory=list, init=False
+    )
+
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         # The built-in resources (from kmock's bundled discovery data) and Kopf's peerings.
@@ -210,6 +237,28 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         existing = self._live((CRDS, None, body["metadata"]["name"]))
         return existing if existing is not None else await self.create(CRDS, body)
 
+    def inject(self, *faults: Fault, seed: int | None = None) -> None:
+        """Add faults (safe from another thread); ``seed`` restarts their random draws."""
+        with self._fault_lock:
+            if seed is not None:
+                self._fault_random.seed(seed)
+            self._faults.extend(faults)
+
+    def clear_faults(self) -> None:
+        with self._fault_lock:
+            self._faults.clear()
+
+    def _fault_for(self, method: str, path: str) -> Fault | None:
+        with self._fault_lock:
+            for fault in self._faults:
+                if fault.matches(method, path):
+                    if self._fault_random.random() >= fault.probability:
+                        return None
+                    fault.times -= 1
+                    self.faults_applied.append((method, path, fault.status, fault.delay_s))
+                    return fault
+        return None
+
     async def end_watches(self) -> None:
         """Close every open watch stream (done before the server stops)."""
         for bus in list(self._buses.values()):
@@ -218,6 +267,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     # --- request routing ----------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        fault = self._fault_for(raw_request.method, raw_request.path) if self._faults else None
+        if fault is not None:
+            if fault.delay_s:
+                await asyncio.sleep(fault.delay_s)
+            if fault.status is not None:
+                return aiohttp.web.json_response(status=fault.status, data={
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "code": fault.status, "reason": "InjectedFault",
+                    "message": f"injected {fault.status} for {raw_request.method} "
+                               f"{raw_request.path}"})
         match = _NAMESPACE_PATH.fullmatch(raw_request.path)
         if match is None:
             return await super().__call__(raw_request)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 from typing import Any
 
 import kopf
 
+from . import kubeapi, metrics, retries
 from .kubeapi import KubeApi
 from .kubeconfig import connection_from_environment, load_configuration
 from .manifests import GROUP, KIND, MANAGED_BY
 from .reconciler import Reconciler
+
+log = logging.getLogger(__name__)
 
 SPEECHES = (GROUP, "v1alpha1", "minicpmspeeches")
 CHILDREN = {"app.kubernetes.io/managed-by": MANAGED_BY}
@@ -28,23 +33,31 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+    # Kopf's own API calls: bounded, and retried quickly on a transient error.
+    settings.networking.connect_timeout = kubeapi.CONNECT_TIMEOUT_S
+    settings.networking.request_timeout = kubeapi.READ_TIMEOUT_S
+    settings.networking.error_backoffs = [0.5, 1, 2, 4]
     memo.reconciler = Reconciler(KubeApi(load_configuration()), emit=_post_event)
+    memo.failure_events = FailureEvents()
 
 
 kopf.on.login()(connection_from_environment)
 
 
-@kopf.on.resume(*SPEECHES)
-@kopf.on.create(*SPEECHES)
-@kopf.on.update(*SPEECHES)
-async def reconcile_speech(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    await memo.reconciler.reconcile(namespace or "", name)
+@kopf.on.resume(*SPEECHES, backoff=retries.OTHER_ERRORS_BACKOFF_S)
+@kopf.on.create(*SPEECHES, backoff=retries.OTHER_ERRORS_BACKOFF_S)
+@kopf.on.update(*SPEECHES, backoff=retries.OTHER_ERRORS_BACKOFF_S)
+async def reconcile_speech(name: str, namespace: str | None, memo: Any, body: kopf.Body,
+                           retry: int, **_: Any) -> None:
+    await _reconcile(memo, body, namespace or "", name, retry, "reconcile")
 
 
-@kopf.timer(*SPEECHES, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+@kopf.timer(*SPEECHES, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS,
+            backoff=retries.OTHER_ERRORS_BACKOFF_S)
+async def resync(name: str, namespace: str | None, memo: Any, body: kopf.Body,
+                 **kwargs: Any) -> None:
     """Catches what no event announces: a referenced ConfigMap or Secret created later."""
-    await memo.reconciler.reconcile(namespace or "", name)
+    await _reconcile(memo, body, namespace or "", name, int(kwargs.get("retry") or 0), "resync")
 
 
 @kopf.on.event("v1", "configmaps", labels=CHILDREN)
@@ -54,14 +67,62 @@ async def resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
 async def child_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
     """A child edited, deleted or rolled out, or a benchmark Job started or finished:
     converge its owner and refresh its status (a finished Job's pod is read then)."""
-    owner = next(
-        (ref["name"] for ref in body.metadata.get("ownerReferences") or []
-         if ref.get("kind") == KIND and ref.get("controller")),
-        None,
-    )
-    if owner is not None:
-        await memo.reconciler.reconcile(namespace or "", owner)
+    owner = next((ref for ref in body.metadata.get("ownerReferences") or []
+                  if ref.get("kind") == KIND and ref.get("controller")), None)
+    if owner is None:
+        return
+    ref = {"apiVersion": f"{GROUP}/v1alpha1", "kind": KIND, "metadata": {
+        "name": owner["name"], "namespace": namespace, "uid": owner.get("uid")}}
+    # Kopf does not retry an event handler: a transient failure here waits for the
+    # resource's own handlers or its resync, and is reported like any other.
+    with contextlib.suppress(kopf.TemporaryError):
+        await _reconcile(memo, ref, namespace or "", owner["name"], 0, "child change")
+
+
+async def _reconcile(memo: Any, body: Any, namespace: str, name: str, retry: int,
+                     step: str) -> None:
+    """One reconcile; a failure leaves a log line and a Warning event on the resource, and a
+    transient one is retried by Kopf within seconds (:mod:`.retries`)."""
+    try:
+        await memo.reconciler.reconcile(namespace, name)
+    except Exception as error:
+        message = f"{step} failed: {retries.describe(error)}"
+        if retries.is_race(error):
+            metrics.RETRIES.labels("race").inc()
+            log.info("%s/%s: %s; trying again", namespace, name, message)
+            raise kopf.TemporaryError(message, delay=retries.delay_s(retry)) from error
+        transient = retries.is_transient(error)
+        metrics.RETRIES.labels("transient" if transient else "other").inc()
+        reason = "ApiUnavailable" if transient else "ReconcileFailed"
+        log.warning("%s/%s: %s (retry %d)", namespace, name, message, retry)
+        if memo.failure_events.should_post(namespace, name, reason):
+            _post_event(body, "Warning", reason, message)
+        if transient:
+            raise kopf.TemporaryError(message, delay=retries.delay_s(retry)) from error
+        raise
+
+
+class FailureEvents:
+    """At most one Warning event per resource and reason per ``interval_s``: a resource that
+    fails at every retry does not flood its events."""
+
+    def __init__(self, interval_s: float = 60.0, clock: Any = time.monotonic) -> None:
+        self.interval_s, self.clock = interval_s, clock
+        self._last: dict[tuple[str, str, str], float] = {}
+
+    def should_post(self, namespace: str, name: str, reason: str) -> bool:
+        key, now = (namespace, name, reason), self.clock()
+        if now - self._last.get(key, -self.interval_s) < self.interval_s:
+            return False
+        self._last[key] = now
+        if len(self._last) > 10_000:  # resources come and go; forget the oldest
+            for old in sorted(self._last, key=self._last.__getitem__)[:5_000]:
+                del self._last[old]
+        return True
 
 
 def _post_event(body: Any, type_: str, reason: str, message: str) -> None:
-    kopf.event(body, type=type_, reason=reason, message=message[:1024])
+    try:
+        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+    except Exception:  # an event is a report; failing to post one never fails a reconcile
+        log.exception("could not post a %s event", reason)

@@ -19,6 +19,13 @@ DURATION = Histogram(
     "Wall time of one reconcile, API calls included.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
+RETRIES = Counter(
+    "minicpm_speech_operator_reconcile_retries_total",
+    "Reconciles tried again after a failure, by reason: transient (an API 5xx, 429 or "
+    "timeout), race (an object deleted or changed meanwhile), other (retried on Kopf's "
+    "backoff).",
+    ["reason"],
+)
 CHILD_CHANGES = Counter(
     "minicpm_speech_operator_child_changes_total",
     "Child objects created or updated (spec changes and drift repairs), by kind and action.",

@@ -61,9 +61,21 @@ def test_default_command_line() -> None:
         "--leader-elect",
         f"--leader-election-namespace={RELEASE_NAMESPACE}",
         f"--leader-election-name={RELEASE_NAME}-leader",
+        "--lease-duration=15",
+        "--lease-renew-deadline=10",
+        "--lease-retry-period=2",
+        "--log-level=INFO",
         "--metrics-port=8080",
         "--health-port=8081",
     ]
+
+
+def test_lease_timing_and_log_level_are_values() -> None:
+    args = operator_container(render_objects({
+        "leaderElection": {"leaseDuration": 30, "renewDeadline": 20, "retryPeriod": 4},
+        "logLevel": "DEBUG"}))["args"]
+    assert {"--lease-duration=30", "--lease-renew-deadline=20", "--lease-retry-period=4",
+            "--log-level=DEBUG"} <= set(args)
 
 
 def test_pod_name_is_the_leader_identity() -> None:

@@ -33,6 +33,7 @@ OPERATOR_METRICS = {
     "minicpm_speech_operator_reconcile_failures": "counter",
     "minicpm_speech_operator_reconcile_duration_seconds": "histogram",
     "minicpm_speech_operator_child_changes": "counter",
+    "minicpm_speech_operator_reconcile_retries": "counter",
 }
 
 
