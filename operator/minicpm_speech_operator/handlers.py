@@ -1,11 +1,11 @@
-"""Kopf registrations only: each trigger runs the same reconcile of one resource."""
+"""Kopf registrations only: each trigger runs the same reconcile of one resource, and a
+failure of it is reported and retried as :mod:`.retries` says."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import time
 from typing import Any
 
 import kopf
@@ -38,7 +38,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = kubeapi.READ_TIMEOUT_S
     settings.networking.error_backoffs = [0.5, 1, 2, 4]
     memo.reconciler = Reconciler(KubeApi(load_configuration()), emit=_post_event)
-    memo.failure_events = FailureEvents()
+    memo.failure_events = retries.FailureEvents()
 
 
 kopf.on.login()(connection_from_environment)
@@ -100,25 +100,6 @@ async def _reconcile(memo: Any, body: Any, namespace: str, name: str, retry: int
         if transient:
             raise kopf.TemporaryError(message, delay=retries.delay_s(retry)) from error
         raise
-
-
-class FailureEvents:
-    """At most one Warning event per resource and reason per ``interval_s``: a resource that
-    fails at every retry does not flood its events."""
-
-    def __init__(self, interval_s: float = 60.0, clock: Any = time.monotonic) -> None:
-        self.interval_s, self.clock = interval_s, clock
-        self._last: dict[tuple[str, str, str], float] = {}
-
-    def should_post(self, namespace: str, name: str, reason: str) -> bool:
-        key, now = (namespace, name, reason), self.clock()
-        if now - self._last.get(key, -self.interval_s) < self.interval_s:
-            return False
-        self._last[key] = now
-        if len(self._last) > 10_000:  # resources come and go; forget the oldest
-            for old in sorted(self._last, key=self._last.__getitem__)[:5_000]:
-                del self._last[old]
-        return True
 
 
 def _post_event(body: Any, type_: str, reason: str, message: str) -> None:

@@ -1,4 +1,4 @@
-"""Which API failures are worth retrying, and how soon.
+"""Which API failures are worth retrying, how soon, and how often one is reported.
 
 A real API server answers 429, 500, 503 and times out under load; those pass, and so does an
 object deleted or changed under a reconcile (404, 409). A reconcile that met one is retried
@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import random
 import socket
+import time
+from collections.abc import Callable
 
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
@@ -55,3 +57,23 @@ def describe(error: BaseException, limit: int = 300) -> str:
     else:
         text = f"{type(error).__name__}: {error}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class FailureEvents:
+    """At most one Warning event per resource and reason per ``interval_s``: a resource that
+    fails at every retry does not flood its events."""
+
+    def __init__(self, interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s, self.clock = interval_s, clock
+        self._last: dict[tuple[str, str, str], float] = {}
+
+    def should_post(self, namespace: str, name: str, reason: str) -> bool:
+        key, now = (namespace, name, reason), self.clock()
+        if now - self._last.get(key, -self.interval_s) < self.interval_s:
+            return False
+        self._last[key] = now
+        if len(self._last) > 10_000:  # resources come and go; forget the oldest
+            for old in sorted(self._last, key=self._last.__getitem__)[:5_000]:
+                del self._last[old]
+        return True

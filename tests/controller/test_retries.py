@@ -8,7 +8,6 @@ import pytest
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from minicpm_speech_operator import retries
-from minicpm_speech_operator.handlers import FailureEvents
 from minicpm_speech_operator.leader import LeaseConfig
 
 
@@ -45,7 +44,7 @@ def test_delays_start_under_a_second_grow_and_are_capped_with_jitter() -> None:
 
 def test_a_resource_failing_at_every_retry_posts_one_warning_a_minute() -> None:
     now = [0.0]
-    events = FailureEvents(interval_s=60.0, clock=lambda: now[0])
+    events = retries.FailureEvents(interval_s=60.0, clock=lambda: now[0])
     posted = []
     for second in range(0, 180, 2):
         now[0] = float(second)
