@@ -87,16 +87,16 @@ async def _reconcile(memo: Any, body: Any, namespace: str, name: str, retry: int
         await memo.reconciler.reconcile(namespace, name)
     except Exception as error:
         message = f"{step} failed: {retries.describe(error)}"
-        if retries.is_race(error):
-            metrics.RETRIES.labels("race").inc()
+        race = retries.is_race(error)
+        transient = race or retries.is_transient(error)
+        metrics.RETRIES.labels("race" if race else "transient" if transient else "other").inc()
+        if race:
             log.info("%s/%s: %s; trying again", namespace, name, message)
-            raise kopf.TemporaryError(message, delay=retries.delay_s(retry)) from error
-        transient = retries.is_transient(error)
-        metrics.RETRIES.labels("transient" if transient else "other").inc()
-        reason = "ApiUnavailable" if transient else "ReconcileFailed"
-        log.warning("%s/%s: %s (retry %d)", namespace, name, message, retry)
-        if memo.failure_events.should_post(namespace, name, reason):
-            _post_event(body, "Warning", reason, message)
+        else:
+            reason = "ApiUnavailable" if transient else "ReconcileFailed"
+            log.warning("%s/%s: %s (retry %d)", namespace, name, message, retry)
+            if memo.failure_events.should_post(namespace, name, reason):
+                _post_event(body, "Warning", reason, message)
         if transient:
             raise kopf.TemporaryError(message, delay=retries.delay_s(retry)) from error
         raise

@@ -85,7 +85,7 @@ class KubeApi:
 
     async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> Any:
         return await self._call(self._verbs[kind].patch, name, namespace, patch,
-                           _content_type=MERGE_PATCH)
+                                _content_type=MERGE_PATCH)
 
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         found = await self._call(self._verbs[kind].list, namespace, label_selector=label_selector)
@@ -97,7 +97,7 @@ class KubeApi:
         False when it was already gone."""
         try:
             await self._call(self._verbs[kind].delete, name, namespace,
-                        propagation_policy="Background")
+                             propagation_policy="Background")
         except ApiException as error:
             if error.status == 404:
                 return False
@@ -106,24 +106,24 @@ class KubeApi:
 
     async def get_speech(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._absent_as_none(self._custom.get_namespaced_custom_object,
-                                     GROUP, "v1alpha1", namespace, "minicpmspeeches", name)
+                                          GROUP, "v1alpha1", namespace, "minicpmspeeches", name)
 
     async def create_speech(self, body: dict[str, Any]) -> dict[str, Any]:
         namespace = body["metadata"].get("namespace", "default")
-        created: dict[str, Any] = await self._call(self._custom.create_namespaced_custom_object,
-                                              GROUP, "v1alpha1", namespace, "minicpmspeeches", body)
+        created: dict[str, Any] = await self._call(
+            self._custom.create_namespaced_custom_object,
+            GROUP, "v1alpha1", namespace, "minicpmspeeches", body)
         return created
 
     async def patch_speech(self, namespace: str, name: str, patch: dict[str, Any]) -> Any:
         return await self._call(self._custom.patch_namespaced_custom_object,
-                           GROUP, "v1alpha1", namespace, "minicpmspeeches", name, patch,
-                           _content_type=MERGE_PATCH)
+                                GROUP, "v1alpha1", namespace, "minicpmspeeches", name, patch,
+                                _content_type=MERGE_PATCH)
 
     async def patch_speech_status(self, namespace: str, name: str, status: dict[str, Any]) -> Any:
         return await self._call(self._custom.patch_namespaced_custom_object_status,
-                           GROUP, "v1alpha1", namespace, "minicpmspeeches", name,
-                           {"status": status}, _content_type=MERGE_PATCH)
-
+                                GROUP, "v1alpha1", namespace, "minicpmspeeches", name,
+                                {"status": status}, _content_type=MERGE_PATCH)
 
     async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not method.__name__.startswith(("read_", "list_", "get_")) and not self._may_write():

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +99,8 @@ def is_expired(lease: dict[str, Any], now: datetime.datetime) -> bool:
 
 class LeaderElector:
     def __init__(self, configuration: k8s.Configuration, config: LeaseConfig,
-                 clock: Any = time.monotonic, on_lost: Any = None) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_lost: Callable[[], object] | None = None) -> None:
         self._api = k8s.CoordinationV1Api(k8s.ApiClient(configuration))
         self._config = config
         self._clock = clock

@@ -2,8 +2,8 @@
 
 A real API server answers 429, 500, 503 and times out under load; those pass, and so does an
 object deleted or changed under a reconcile (404, 409). A reconcile that met one is retried
-after a short delay that grows with each retry and is jittered, so
-that many resources failing together do not retry together. Anything else (a 4xx the spec
+after a short delay that grows with each retry and is jittered, so that many resources
+failing together do not retry together. Anything else (a 4xx the spec
 caused, a bug) is not transient: Kopf's own handler backoff applies to it.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-import socket
 import time
 from collections.abc import Callable
 
@@ -38,7 +37,7 @@ def is_race(error: BaseException) -> bool:
 def is_transient(error: BaseException) -> bool:
     if isinstance(error, ApiException):
         return error.status in TRANSIENT_STATUSES or not error.status
-    return isinstance(error, NotLeading | TimeoutError | ConnectionError | socket.timeout
+    return isinstance(error, NotLeading | TimeoutError | ConnectionError
                       | urllib3.exceptions.HTTPError)
 
 
@@ -46,7 +45,7 @@ def delay_s(retry: int, rng: random.Random | None = None) -> float:
     """The wait before retry number ``retry`` (0 for the first): doubling from half a second,
     capped at 30 s, and drawn between half and all of that."""
     ceiling = min(MAX_DELAY_S, math.ldexp(FIRST_DELAY_S, max(0, min(retry, 16))))
-    draw = (rng or random.Random()).random()
+    draw = rng.random() if rng is not None else random.random()
     return ceiling * (0.5 + 0.5 * draw)
 
 
