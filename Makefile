@@ -1,6 +1,7 @@
 # Two entry points, both safe on a fresh machine: each installs what it needs first.
 #   make demo   the operator reconciling examples/minicpmspeech.yaml on an embedded API emulator
-#   make test   lint, type checks, the whole test suite, then the vLLM-Omni and real-server lanes
+#   make test   lint, type checks, the layering check, the whole test suite, then the vLLM-Omni
+#               and real-server lanes
 #   make test-vllm-omni   the serving plugin inside the real vLLM-Omni's stage 2 (CPU)
 #   make test-real-server the pod's command serving `vllm serve --omni` on CPU
 #                         (both lanes share one venv: vLLM-Omni on vLLM's CPU build)
@@ -31,7 +32,9 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(BIN)/mypy operator/minicpm_speech_operator perf-jobs/minicpm_speech_perf
+	$(BIN)/mypy profiles/minicpm_speech_contract operator/minicpm_speech_operator \
+		perf-jobs/minicpm_speech_perf
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 	$(MAKE) test-vllm-omni
 	$(MAKE) test-real-server

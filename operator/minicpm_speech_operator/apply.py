@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from minicpm_speech_contract.paths import dig
+
 from .errors import InvalidSpec
 from .kubeapi import AlreadyExists, KubeApi
 
@@ -55,8 +57,8 @@ def stale_keys(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[MapP
     """Keys of owned maps that live still has and desired no longer sets, by map path."""
     stale: dict[MapPath, list[str]] = {}
     for path in OWNED_MAPS.get(desired["kind"], []):
-        wanted = _dig(desired, path) or {}
-        extra = [key for key in _dig(live, path) or {} if key not in wanted]
+        wanted = dig(desired, path) or {}
+        extra = [key for key in dig(live, path) or {} if key not in wanted]
         if extra:
             stale[path] = extra
     return stale
@@ -66,16 +68,8 @@ def merge_patch(desired: dict[str, Any], live: Mapping[str, Any]) -> dict[str, A
     """The desired object as a merge patch, with stale keys of owned maps set to null."""
     patch = {key: value for key, value in desired.items() if key not in ("apiVersion", "kind")}
     for path, keys in stale_keys(desired, live).items():
-        _put(patch, path, {**(_dig(desired, path) or {}), **dict.fromkeys(keys)})
+        _put(patch, path, {**(dig(desired, path) or {}), **dict.fromkeys(keys)})
     return patch
-
-
-def _dig(obj: Mapping[str, Any], path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(key)  # type: ignore[assignment]
-    return obj
 
 
 def _put(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:

@@ -13,6 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from minicpm_speech_contract.supervisor import (
+    EXECUTABLE,
+    SUBCOMMAND,
+    SupervisorArgs,
+    vllm_serve_argv,
+)
+
 from .serving_config import ServingConfig
 from .spec import SpeechSpec
 
@@ -204,7 +211,7 @@ def _server_container(spec: SpeechSpec) -> dict[str, Any]:
         "name": "server",
         "image": rt.image,
         "imagePullPolicy": rt.image_pull_policy,
-        "command": ["minicpm-speech-runtime", "serve"],
+        "command": [EXECUTABLE, SUBCOMMAND],
         "args": [*supervisor_args(spec), "--", *vllm_serve_command(spec)],
         "env": server_environment(spec),
         "ports": [
@@ -224,13 +231,13 @@ def _server_container(spec: SpeechSpec) -> dict[str, Any]:
 
 def supervisor_args(spec: SpeechSpec) -> list[str]:
     rt = spec.runtime
-    args = ["--health-port", str(rt.health_port), "--server-port", str(rt.port)]
-    if rt.mps_enabled:
-        args += ["--mps", "--mps-active-thread-percentage", str(rt.mps_active_thread_percentage)]
-    else:
-        args.append("--no-mps")
-    args.append("--precapture" if rt.graph_precapture else "--no-precapture")
-    return args
+    return SupervisorArgs(
+        health_port=rt.health_port,
+        server_port=rt.port,
+        mps=rt.mps_enabled,
+        mps_active_thread_percentage=rt.mps_active_thread_percentage if rt.mps_enabled else None,
+        precapture=rt.graph_precapture,
+    ).to_argv()
 
 
 def model_target(spec: SpeechSpec) -> str:
@@ -242,16 +249,10 @@ def model_target(spec: SpeechSpec) -> str:
 def vllm_serve_command(
     spec: SpeechSpec, deploy_config: str = f"{DEPLOY_CONFIG_DIR}/{DEPLOY_CONFIG_FILE}"
 ) -> list[str]:
-    model = spec.model
-    command = [
-        "vllm", "serve", model_target(spec), "--omni",
-        "--deploy-config", deploy_config,
-        "--host", "0.0.0.0", "--port", str(spec.runtime.port),
-        "--served-model-name", model.served_model_name,
-    ]
-    if model.hub_revision:
-        command += ["--revision", model.hub_revision]
-    return command
+    return vllm_serve_argv(
+        model_target(spec), deploy_config=deploy_config, port=spec.runtime.port,
+        served_model_name=spec.model.served_model_name, revision=spec.model.hub_revision,
+    )
 
 
 def server_environment(spec: SpeechSpec) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
+from minicpm_speech_contract.supervisor import EXECUTABLE, SUBCOMMAND
 
 from .manifests import (
     CONFIG_HASH_KEY,
@@ -137,10 +138,8 @@ def _arm(name: str, arm: Arm, candidate: SpeechSpec, file: str) -> dict[str, Any
     runtime = dataclasses.replace(arm.spec.runtime, port=candidate.runtime.port,
                                   health_port=candidate.runtime.health_port)
     spec = dataclasses.replace(arm.spec, runtime=runtime)
-    command = [
-        "minicpm-speech-runtime", "serve", *supervisor_args(spec), "--",
-        *vllm_serve_command(spec, f"{CONFIG_DIR}/{file}"),
-    ]
+    command = [EXECUTABLE, SUBCOMMAND, *supervisor_args(spec), "--",
+               *vllm_serve_command(spec, f"{CONFIG_DIR}/{file}")]
     # Plain values only: a Secret reaches the server through the container's environment.
     env = {e["name"]: e["value"] for e in server_environment(spec) if "value" in e}
     return {"name": name, "command": command, "env": env}

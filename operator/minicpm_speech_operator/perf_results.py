@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from minicpm_speech_perf.termination import TerminationMessageError, parse_termination_message
+from minicpm_speech_contract.termination import TerminationMessageError, parse_termination_message
 
 from .manifests import CONFIG_HASH_KEY
 from .perf_jobs import ATTEMPT_KEY, CONTAINER, KINDS, PERF_KIND_KEY, Kind

@@ -54,6 +54,8 @@ from typing import Any, NamedTuple
 import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError
+from minicpm_speech_contract import extras as extras_contract
+from minicpm_speech_contract.extras import EXTRA_PATH
 
 from minicpm_speech_operator.assets import asset_dir
 from minicpm_speech_operator.errors import InvalidSpec
@@ -86,7 +88,6 @@ _BASE_TALKER_KV_BYTES = 2 * GIB
 # preempted and replayed, so its KV cache must hold every admitted stream whole.
 _TALKER_KV_BYTES_PER_TOKEN = _BASE_TALKER_KV_BYTES // (8 * _BASE_TALKER_MAX_MODEL_LEN)
 
-_EXTRA_PATH = ("connectors", "connector_of_shared_memory", "extra")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _TYPE_WORDS = {"object": "mapping", "array": "list"}  # JSON Schema words, as YAML says them
 
@@ -192,6 +193,8 @@ def parse_profile_text(text: str, *, field: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _validator() -> jsonschema.protocols.Validator:
     schema = json.loads((asset_dir("profiles") / SCHEMA_FILE).read_text(encoding="utf-8"))
+    # The contract owns the extras; the file's copy is for people reading the schema.
+    schema["$defs"]["code2wavExtra"] = extras_contract.json_schema()
     base = jsonschema.Draft202012Validator
     base.check_schema(schema)
     # A YAML integer only: neither a boolean nor a float such as 8.0.
@@ -558,27 +561,9 @@ def _problems(doc: dict[str, Any]) -> Iterator[_Problem]:
                 "Raise max_num_batched_tokens to at least max_num_seqs, or vLLM will not start.",
             )
 
-    extra = _get(doc, _EXTRA_PATH, {})
-    micro = extra.get("micro_batch_size")
-    too_big = [size for size in extra.get("setup_graph_batch_sizes", []) if micro and size > micro]
-    if too_big:
-        yield _Problem(
-            ((*_EXTRA_PATH, "setup_graph_batch_sizes"), (*_EXTRA_PATH, "micro_batch_size")),
-            f"setup graph batch size {max(too_big)} is larger than micro_batch_size {micro}",
-            "Drop setup graph batch sizes above micro_batch_size or raise micro_batch_size;"
-            " such graphs never run and use up the CUDA-graph budget.",
-        )
-    initial = extra.get("code2wav_initial_batch_size", 0)
-    minimum = extra.get("code2wav_min_batch_size", 1)
-    if initial and initial < minimum:
-        yield _Problem(
-            (
-                (*_EXTRA_PATH, "code2wav_initial_batch_size"),
-                (*_EXTRA_PATH, "code2wav_min_batch_size"),
-            ),
-            f"code2wav_initial_batch_size {initial} is below code2wav_min_batch_size {minimum}",
-            "Set code2wav_initial_batch_size to 0 or to at least code2wav_min_batch_size.",
-        )
+    for problem in extras_contract.problems(_get(doc, EXTRA_PATH, {})):
+        yield _Problem(tuple((*EXTRA_PATH, key) for key in problem.keys) or (EXTRA_PATH,),
+                       problem.message, problem.fix)
 
     talker = ("stages", _StageRef(1))
     talker_kv = ("platforms", "cuda", "stages", _StageRef(1), "kv_cache_memory_bytes")

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from minicpm_speech_contract.extras import EXTRA_PATH
+from minicpm_speech_contract.paths import dig
+
 from .errors import InvalidSpec
 from .profiles import (
     load_bundled_profile,
@@ -23,7 +26,7 @@ from .profiles import (
 from .spec import SpeechSpec
 
 HASH_LENGTH = 12
-PRECAPTURE_KEYS = ("connectors", "connector_of_shared_memory", "extra", "cfm_graph_precapture")
+PRECAPTURE_KEYS = (*EXTRA_PATH, "cfm_graph_precapture")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +92,7 @@ def with_precapture_switch(spec: SpeechSpec) -> dict[str, Any]:
     own value yields to the spec, and an override that contradicts the spec is refused.
     """
     overrides = dict(spec.profile_overrides)
-    asked: Any = overrides
-    for key in PRECAPTURE_KEYS:
-        asked = asked.get(key) if isinstance(asked, Mapping) else None
+    asked = dig(overrides, PRECAPTURE_KEYS)
     if asked is not None and asked != spec.runtime.graph_precapture:
         raise InvalidSpec(
             "spec.profileOverrides." + ".".join(PRECAPTURE_KEYS),

@@ -4,8 +4,8 @@ The package runs inside the perf Job pods: it drives the official `vllm bench se
 client exactly as the benchmark protocol prescribes, re-scores the saved speech, and reduces
 the official result files to a summary the operator reads from the pod's termination message.
 
-Importing the package is cheap on purpose: the operator imports `termination` from here and
-must not pull in numpy, matplotlib or an ASR stack.
+The result schema it writes belongs to the contract the operator reads it by
+(`minicpm_speech_contract.termination`); the operator never imports this package.
 """
 
 __all__ = ["__version__"]

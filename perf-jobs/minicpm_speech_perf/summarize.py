@@ -16,7 +16,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from . import termination
+from minicpm_speech_contract import termination
+
 from .results import ResultFormatError, RunResult, parse_run
 
 MANIFEST = "manifest.json"

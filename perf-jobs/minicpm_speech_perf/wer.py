@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import protocol, termination
+from minicpm_speech_contract import termination
+
+from . import protocol
 from .config import QualityConfig
 from .dataset import parse_meta
 from .gpumem import MemorySampler

@@ -30,6 +30,15 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
         {"profileOverrides": {"connectors": {"connector_of_shared_memory": {"extra": {
             "micro_batch_size": 0}}}}},
         "spec.profileOverrides.connectors.connector_of_shared_memory.extra.micro_batch_size"),
+    # What only the pod used to refuse, at start-up, after the rollout had begun.
+    "float16 on the batched engine": (
+        {"profileOverrides": {"connectors": {"connector_of_shared_memory": {"extra": {
+            "token2wav_float16": True}}}}},
+        "spec.profileOverrides.connectors.connector_of_shared_memory.extra.token2wav_float16"),
+    "chunk size the batched engine cannot decode": (
+        {"profileOverrides": {"connectors": {"connector_of_shared_memory": {"extra": {
+            "codec_chunk_frames": 50}}}}},
+        "spec.profileOverrides.connectors.connector_of_shared_memory.extra.codec_chunk_frames"),
     "missing profile ConfigMap": ({"profile": {"configMapRef": {"name": "absent"}}},
                                   "spec.profile.configMapRef"),
     "missing token Secret": ({"model": {"huggingFace": {

@@ -9,9 +9,9 @@ from statistics import fmean
 from typing import Any
 
 import pytest
+from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_perf.results import ResultFormatError
 from minicpm_speech_perf.summarize import SummaryError, summarize, sweep_message
-from minicpm_speech_perf.termination import parse_termination_message
 from perf_fixtures import synthetic_run, write
 from PIL import Image
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 from fake_env import FAKES, FixedSampler, free_port, read_events, server_cmd
+from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_perf.config import ConfigError, SweepConfig, parse_sweep
 from minicpm_speech_perf.gpumem import NvmlSampler
 from minicpm_speech_perf.procs import SubprocessRunner
 from minicpm_speech_perf.sweep import finish_sweep, run_sweep
-from minicpm_speech_perf.termination import parse_termination_message
 
 
 def config(tmp_path: Path, arms: list[dict[str, Any]], **over: Any) -> SweepConfig:

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from minicpm_speech_perf import protocol, termination
+from minicpm_speech_contract import termination
+from minicpm_speech_contract.termination import TerminationMessageError, parse_termination_message
+from minicpm_speech_perf import protocol
 from minicpm_speech_perf.summarize import Point, sweep_message
-from minicpm_speech_perf.termination import TerminationMessageError, parse_termination_message
 
 WORST_HEADER = {
     "config_hash": "h" * 64,

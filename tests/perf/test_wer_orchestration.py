@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 from fake_env import FAKES, FixedSampler, free_port, read_events, server_cmd
+from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_perf.config import ConfigError, QualityConfig, parse_quality
 from minicpm_speech_perf.procs import SubprocessRunner
-from minicpm_speech_perf.termination import parse_termination_message
 from minicpm_speech_perf.wer import finish_quality, run_quality
 
 

@@ -168,18 +168,24 @@ CASES: dict[str, tuple[Case, str, int]] = {
     "deploy config not a mapping": (_deploy_not_mapping, "is not a mapping", 1),
     "deploy config wrong type": (
         _deploy_wrong_type,
-        "connectors.connector_of_shared_memory.extra.micro_batch_size: 'four' is not of type",
+        "connectors.connector_of_shared_memory.extra.micro_batch_size: wrong type: expected"
+        " integer, got string \"four\"",
         1),
-    "deploy config unknown key": (_deploy_unknown_key, "'batched_codewav' was unexpected", 1),
+    "deploy config unknown key": (
+        _deploy_unknown_key,
+        "extra.batched_codewav: unknown key 'batched_codewav'. Rename it to 'batched_code2wav'",
+        1),
     "deploy config bad base": (_deploy_bad_base, "base_config /nowhere/", 1),
     "deploy config stage without id": (
         _deploy_stage_without_id, "stages.0 needs an integer stage_id", 1),
     "setup sizes over micro-batch": (
-        _setup_over_micro, "setup_graph_batch_sizes [4] exceed micro_batch_size 2", 1),
+        _setup_over_micro,
+        "extra.setup_graph_batch_sizes: setup graph batch size 4 is larger than"
+        " micro_batch_size 2", 1),
     "float16 on the batched engine": (
         _float16_batched,
-        "deploy config: batched_code2wav: token2wav_float16=True is not supported: the batched"
-        " engine computes in float32 only", 1),
+        "extra.token2wav_float16: token2wav_float16=true is not supported with"
+        " batched_code2wav: the batched engine computes in float32 only", 1),
     "precapture mismatch": (
         _precapture_mismatch, "--precapture disagrees with cfm_graph_precapture: false", 1),
     "no separator": (_no_separator, "bad arguments: no server command after '--'", 2),

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from minicpm_speech_contract.extras import Code2WavExtras, first_problem
 from minicpm_speech_runtime.bench.parity import (
     TOL,
     drain,
@@ -26,13 +27,12 @@ from minicpm_speech_runtime.bench.parity import (
 )
 from minicpm_speech_runtime.engine import Code2WavEngine, EngineConfig
 from minicpm_speech_runtime.engine.graphs import Body, EagerBackend
-from minicpm_speech_runtime.serving.backend import Code2WavBackend, RuntimeOptions
+from minicpm_speech_runtime.serving.backend import Code2WavBackend
 from minicpm_speech_runtime.serving.batched import (
     UnsupportedOption,
     engine_config,
     voice_from_features,
 )
-from minicpm_speech_runtime.serving.config import batched_engine_refusal
 from minicpm_speech_runtime.serving.metrics import RuntimeMetrics
 from minicpm_speech_runtime.wav import BadReference
 from prometheus_client import CollectorRegistry
@@ -84,7 +84,7 @@ def make_backend(small: Any, metrics: RuntimeMetrics, features: dict[str, Any],
         eng = Code2WavEngine(small, eng.config, graph_backend=CountingBackend())
     return Code2WavBackend(
         eng,
-        RuntimeOptions(batched_code2wav=True, cfm_max_graphs=eng.config.graph_budget),
+        Code2WavExtras(batched_code2wav=True, cfm_max_graphs=eng.config.graph_budget),
         metrics,
         CPU,
         make_features=lambda key, voice: voice,
@@ -251,20 +251,24 @@ def test_engine_config_maps_the_extras() -> None:
     assert isinstance(engine_config({}, CPU), EngineConfig)
 
 
-@pytest.mark.parametrize(("extra", "key"), [
-    ({"token2wav_float16": True}, "token2wav_float16"),
-    ({"codec_chunk_frames": 10}, "codec_chunk_frames"),
-    ({"codec_left_context_frames": 25}, "codec_left_context_frames"),
-    ({"micro_batch_size": 0}, "micro_batch_size"),
-    ({"token2wav_n_timesteps": 0}, "token2wav_n_timesteps"),
+@pytest.mark.parametrize(("extra", "key", "why"), [
+    ({"token2wav_float16": True}, "token2wav_float16", "is not supported"),
+    ({"codec_chunk_frames": 10}, "codec_chunk_frames", "is not supported"),
+    ({"codec_left_context_frames": 25}, "codec_left_context_frames", "is not supported"),
+    ({"micro_batch_size": 0}, "micro_batch_size", "out of range"),
+    ({"token2wav_n_timesteps": 0}, "token2wav_n_timesteps", "out of range"),
 ])
-def test_unsupported_extras_refused_in_one_line(extra: dict[str, Any], key: str) -> None:
+def test_unsupported_extras_refused_in_one_line(extra: dict[str, Any], key: str,
+                                                why: str) -> None:
     with pytest.raises(UnsupportedOption) as info:
         engine_config({"batched_code2wav": True, **extra}, CPU)
     message = str(info.value)
-    assert "\n" not in message and f"{key}=" in message and "is not supported" in message
-    assert batched_engine_refusal({"batched_code2wav": True, **extra}) == message
-    assert batched_engine_refusal({"batched_code2wav": False, **extra}) is None
+    assert "\n" not in message and f"extra.{key}: " in message and why in message
+    # the same line the pod's start-up check and the operator give
+    problem = first_problem({"batched_code2wav": True, **extra})
+    assert problem is not None and problem.line() == message
+    if why == "is not supported":  # vLLM-Omni's own Code2Wav honours these
+        assert first_problem({"batched_code2wav": False, **extra}) is None
 
 
 def test_voice_from_vllm_omni_features(setup) -> None:  # type: ignore[no-untyped-def]

@@ -120,12 +120,10 @@ def test_runtime_off_leaves_vllm_omni_code2wav_as_shipped(
 def test_the_supervisor_accepts_every_code2wav_extra_vllm_omni_reads() -> None:
     """The supervisor refuses unknown Code2Wav extras (a misspelt option would otherwise be
     ignored); every key vLLM-Omni's own MiniCPM-o code reads there must pass."""
-    import json
     import re
 
     import vllm_omni.model_executor.models.minicpmo_4_5 as package
-    from minicpm_speech_operator.assets import asset_dir
-    from minicpm_speech_runtime.serving.config import VLLM_OMNI_ONLY_EXTRAS
+    from minicpm_speech_contract.extras import BY_NAME
 
     models = Path(package.__file__).parent
     hook = models.parents[1] / "stage_input_processors" / "minicpmo_4_5_omni.py"
@@ -134,6 +132,4 @@ def test_the_supervisor_accepts_every_code2wav_extra_vllm_omni_reads() -> None:
     for source in sources:
         read |= set(re.findall(r"extra(?:_config)?\.get\(\s*\"(\w+)\"", source.read_text()))
     assert {"codec_chunk_frames", "enable_cfm_graph", "token2wav_float16"} <= read  # the scan works
-    schema = json.loads((asset_dir("profiles") / "schema.json").read_text())
-    accepted = set(schema["$defs"]["code2wavExtra"]["properties"]) | set(VLLM_OMNI_ONLY_EXTRAS)
-    assert read <= accepted, sorted(read - accepted)
+    assert read <= set(BY_NAME), sorted(read - set(BY_NAME))

@@ -27,6 +27,7 @@ from ..assets import load_code2wav
 from ..checkpoint import REAL, TINY, write_random_checkpoint
 from ..engine import Code2WavEngine, EngineConfig
 from ..engine.graphs import GraphKey
+from .engine_bench import BENCH_GRAPH_BUDGET
 from .parity import make_voices, utterance
 
 
@@ -111,7 +112,8 @@ def device_parts(
 ) -> dict[str, Any]:
     """Graph replays, the encoder by stream count, HiFT eager, top kernels of each solve."""
     micro = min(8, a.max_streams)
-    cfg = EngineConfig(max_streams=a.max_streams, micro_batch=micro, fused_kernels=a.fused == "on")
+    cfg = EngineConfig(max_streams=a.max_streams, micro_batch=micro,
+                       graph_budget=BENCH_GRAPH_BUDGET, fused_kernels=a.fused == "on")
     eng = Code2WavEngine(models, cfg)
     t0 = time.perf_counter()
     eng.warmup()
@@ -193,7 +195,8 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     voices = bench_voices(models, 16)
     cfg = EngineConfig(
-        max_streams=conc, micro_batch=min(8, conc), setup_cache_mib=0, fused_kernels=fused
+        max_streams=conc, micro_batch=min(8, conc), graph_budget=BENCH_GRAPH_BUDGET,
+        setup_cache_mib=0, fused_kernels=fused,
     )
     eng = Code2WavEngine(models, cfg)
     eng.warmup()

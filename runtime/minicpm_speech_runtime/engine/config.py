@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minicpm_speech_contract.extras import DEFAULTS, ENGINE_CHUNK_TOKENS, ENGINE_LOOKAHEAD_TOKENS
+
 CODEBOOK_SIZE = 6561  # speech token ids 0..6560; 6561 is the Talker's EOS and never a token here
-CHUNK_TOKENS = 25  # tokens consumed per chunk (1 s of audio at 25 Hz)
-LOOKAHEAD_TOKENS = 3  # the encoder's pre-lookahead; kept in the buffer until the last chunk
+# The contract promises these to deploy configs (codec_chunk_frames, codec_left_context_frames).
+CHUNK_TOKENS = ENGINE_CHUNK_TOKENS  # tokens consumed per chunk (1 s of audio at 25 Hz)
+LOOKAHEAD_TOKENS = ENGINE_LOOKAHEAD_TOKENS  # the encoder's pre-lookahead, kept until the end
+MAX_PROMPT_FRAMES = 500  # a 10 s reference at 50 mel frames a second
 PROMPT_PAD_TOKEN = 4218  # the reference pads the prompt's lookahead with this (silence) token
 HISTORY_FRAMES = 100  # the reference keeps prompt + 100 frames of estimator/encoder history
 
@@ -31,14 +35,14 @@ class EngineConfig:
     """
 
     max_streams: int = 8
-    max_prompt_frames: int = 500
-    micro_batch: int = 8
+    max_prompt_frames: int = MAX_PROMPT_FRAMES
+    micro_batch: int = DEFAULTS.micro_batch_size
     n_timesteps: int = 10
     tf32: bool = True
     fused_kernels: bool = True
     cuda_graphs: bool = True
     precapture: bool = True
-    graph_budget: int = 64
+    graph_budget: int = DEFAULTS.cfm_max_graphs
     vocoder_graphs: bool = True
     setup_frame_step: int = 256
     idle_timeout_s: float = 30.0

@@ -63,6 +63,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
+from minicpm_speech_contract.extras import Code2WavExtras
 
 from ..device import PreparedVoice
 from ..engine import Code2WavEngine, EndReason, VoiceRefused
@@ -85,42 +86,6 @@ VLLM_OMNI_READS = (
 )
 MAX_ARRIVALS_NOTED = 4096
 CAMPPLUS_BACKENDS = {"cuda": "torch", "onnxruntime": "onnxruntime", "tensorrt": "tensorrt"}
-
-
-@dataclass(frozen=True)
-class RuntimeOptions:
-    """The Code2Wav connector extras this runtime reads (profiles/schema.json)."""
-
-    batched_code2wav: bool = False
-    micro_batch_size: int = 4
-    setup_graph_batch_sizes: tuple[int, ...] = (1,)
-    cfm_graph_precapture: bool = False
-    cfm_max_graphs: int = 32
-    reference_prep_workers: int = 2
-    reference_cache_size: int = 16
-    campplus_backend: str = "cuda"
-    codec_chunk_frames: int = 25
-    codec_left_context_frames: int = 3
-
-    @classmethod
-    def from_extras(cls, extras: dict[str, Any]) -> RuntimeOptions:
-        return cls(
-            batched_code2wav=bool(extras.get("batched_code2wav", False)),
-            micro_batch_size=int(extras.get("micro_batch_size", 4)),
-            setup_graph_batch_sizes=tuple(
-                int(s) for s in extras.get("setup_graph_batch_sizes", (1,))
-            ),
-            cfm_graph_precapture=bool(extras.get("cfm_graph_precapture", False)),
-            cfm_max_graphs=int(extras.get("cfm_max_graphs", 32)),
-            reference_prep_workers=int(extras.get("reference_prep_workers", 2)),
-            reference_cache_size=int(extras.get("reference_cache_size", 16)),
-            campplus_backend=str(extras.get("campplus_backend", "cuda")),
-            codec_chunk_frames=int(extras.get("codec_chunk_frames", 25)),
-            codec_left_context_frames=int(extras.get("codec_left_context_frames", 3)),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(eq=False)
@@ -218,7 +183,7 @@ class Code2WavBackend:
     def __init__(
         self,
         engine: Code2WavEngine,
-        options: RuntimeOptions,
+        options: Code2WavExtras,
         metrics: RuntimeMetrics,
         device: torch.device,
         make_features: Callable[[tuple[str, str], PreparedVoice], Any],

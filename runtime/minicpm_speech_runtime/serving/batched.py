@@ -13,13 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from minicpm_speech_contract.extras import Code2WavExtras, first_problem
 
 from ..device import PreparedVoice
 from ..engine import EngineConfig
-from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS
-from .config import ENGINE_CHUNK_TOKENS, ENGINE_LOOKAHEAD_TOKENS, batched_engine_refusal
-
-assert (ENGINE_CHUNK_TOKENS, ENGINE_LOOKAHEAD_TOKENS) == (CHUNK_TOKENS, LOOKAHEAD_TOKENS)
+from ..engine.config import MAX_PROMPT_FRAMES
 
 DEFAULT_MAX_STREAMS = 8
 PROMPT_FRAMES_PER_SECOND = 50  # 25 Hz tokens, 2 mel frames each
@@ -48,16 +46,14 @@ def engine_config(
     stage's ``max_num_seqs``, and bounds ``micro_batch`` too; when the stage does not say, it
     is 8 or ``micro_batch_size`` if larger.
     """
-    refusal = batched_engine_refusal({**extras, "batched_code2wav": True})
-    if refusal is not None:
-        raise UnsupportedOption(refusal)
-    micro = int(extras.get("micro_batch_size", 4))
-    budget = int(extras.get("cfm_max_graphs", 32))
-    steps = int(extras.get("token2wav_n_timesteps", 10))
-    frames = 500
-    if extras.get("ref_audio_max_seconds") is not None:
-        seconds = float(extras["ref_audio_max_seconds"])
-        frames = int(-(-seconds * PROMPT_FRAMES_PER_SECOND // 1))
+    problem = first_problem({**extras, "batched_code2wav": True}, vllm_omni_internal=True)
+    if problem is not None:
+        raise UnsupportedOption(problem.line())
+    settings = Code2WavExtras.of(extras)
+    micro = settings.micro_batch_size
+    frames = MAX_PROMPT_FRAMES
+    if settings.ref_audio_max_seconds is not None:
+        frames = int(-(-settings.ref_audio_max_seconds * PROMPT_FRAMES_PER_SECOND // 1))
         frames = max(2, frames + frames % 2)
     # the stage's max_num_seqs is the capacity; a setup group never outgrows it
     streams = max_streams if max_streams is not None else max(micro, DEFAULT_MAX_STREAMS)
@@ -66,19 +62,15 @@ def engine_config(
         max_streams=streams,
         max_prompt_frames=frames,
         micro_batch=micro,
-        n_timesteps=steps,
-        tf32=bool(extras.get("token2wav_allow_tf32", False)),
-        cuda_graphs=device.type == "cuda" and bool(extras.get("enable_cfm_graph", True)),
-        precapture=bool(extras.get("cfm_graph_precapture", False)),
-        vocoder_graphs=bool(extras.get("enable_hift_graph", True)),
-        setup_cache_voices=_optional_int(extras.get("token2wav_setup_cache_size")),
-        graph_budget=budget,
+        n_timesteps=settings.token2wav_n_timesteps,
+        tf32=settings.token2wav_allow_tf32,
+        cuda_graphs=device.type == "cuda" and settings.enable_cfm_graph,
+        precapture=settings.cfm_graph_precapture,
+        vocoder_graphs=settings.enable_hift_graph,
+        setup_cache_voices=settings.token2wav_setup_cache_size,
+        graph_budget=settings.cfm_max_graphs,
         idle_timeout_s=IDLE_BACKSTOP_S,
     )
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
 
 
 def voice_from_features(features: Any, device: torch.device) -> PreparedVoice:

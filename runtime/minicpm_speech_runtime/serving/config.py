@@ -6,9 +6,11 @@ log directories and ``nvidia-cuda-mps-control`` (with ``--mps``); the model fold
 server command's model is a local path); the deploy config (when the command names one).
 
 The deploy config is vLLM-Omni's: the supervisor checks what this project reads of it, the
-Code2Wav connector's ``extra`` (every key there must be one this project or vLLM-Omni 0.30.0
-reads, so a misspelt option fails here rather than being ignored), its shape, and its
-``base_config``; every other key is vLLM-Omni's to accept or refuse.
+Code2Wav connector's ``extra`` (with the contract's :func:`~minicpm_speech_contract.extras.
+problems`, the check the operator makes before rolling a spec out; every key there must be one
+this project or vLLM-Omni 0.30.0 reads, so a misspelt option fails here rather than being
+ignored), its shape, and its ``base_config``; every other key is vLLM-Omni's to accept or
+refuse.
 
 ``MINICPM_SPEECH_TEST_WITHOUT_GPU=1`` skips the GPU check, for tests that run the pod's command
 on a machine without a GPU; the operator never sets it.
@@ -16,9 +18,7 @@ on a machine without a GPU; the operator never sets it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -26,11 +26,14 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
+from minicpm_speech_contract import supervisor
+from minicpm_speech_contract.extras import EXTRA_PATH, first_problem
+from minicpm_speech_contract.paths import dig
+from minicpm_speech_contract.supervisor import ServerCommand
 
-EXTRA_PATH = ("connectors", "connector_of_shared_memory", "extra")
 # What vLLM-Omni's Code2Wav stage reads from the model folder (minicpmo_4_5_code2wav.py:
 # ``assets/token2wav`` for StepAudio2Token2WavCore, ``assets/HT_ref_audio.wav`` as the
 # default prompt).
@@ -43,18 +46,6 @@ TOKEN2WAV_FILES = (
     "speech_tokenizer_v2_25hz.onnx",
 )
 DEFAULT_PROMPT = ("assets", "HT_ref_audio.wav")
-# What vLLM-Omni 0.30.0 reads from the Code2Wav connector's extra (its minicpmo_4_5 Code2Wav and
-# stage-1 hook) beyond the keys profiles/schema.json describes; the vLLM-Omni lane checks this
-# list against its source.
-VLLM_OMNI_ONLY_EXTRAS = (
-    "code2wav_bfloat16_attention_cache",
-    "hift_graph_capture_batch_sizes",
-    "prompt_cache_id",
-    "prompt_wav",
-    "token2wav_trt",
-    "token2wav_trt_dtype",
-    "token2wav_trt_max_batch",
-)
 TEST_WITHOUT_GPU_ENV = "MINICPM_SPEECH_TEST_WITHOUT_GPU"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
@@ -66,21 +57,6 @@ class StartupError(Exception):
     def __init__(self, reason: str, code: int = 1) -> None:
         super().__init__(" ".join(reason.split()))
         self.code = code
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise StartupError(f"bad arguments: {message}", code=2)
-
-
-@dataclass(frozen=True)
-class ServerCommand:
-    argv: tuple[str, ...]
-    is_vllm: bool = False
-    model: str | None = None
-    deploy_config: Path | None = None
-    port: int | None = None
-    served_model_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,101 +77,29 @@ class SupervisorConfig:
         return bool(self.extras.get("batched_code2wav", False))
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog="minicpm-speech-runtime serve", add_help=False)
-    p.add_argument("--health-port", type=int, required=True)
-    p.add_argument("--server-port", type=int, required=True)
-    mps = p.add_mutually_exclusive_group(required=True)
-    mps.add_argument("--mps", dest="mps", action="store_true")
-    mps.add_argument("--no-mps", dest="mps", action="store_false")
-    p.add_argument("--mps-active-thread-percentage", type=int)
-    pre = p.add_mutually_exclusive_group(required=True)
-    pre.add_argument("--precapture", dest="precapture", action="store_true")
-    pre.add_argument("--no-precapture", dest="precapture", action="store_false")
-    p.add_argument("--grace-seconds", type=float, default=25.0)
-    p.add_argument("--warmup-requests", type=int, default=3)
-    p.add_argument("--warmup-timeout-seconds", type=float, default=1800.0)
-    return p
-
-
 def parse_args(argv: Sequence[str]) -> SupervisorConfig:
     """Parse ``serve [options] -- COMMAND...``; raises :class:`StartupError` (code 2)."""
-    args = list(argv)
-    if not args or args[0] != "serve":
-        raise StartupError("bad arguments: expected 'serve [options] -- COMMAND'", code=2)
-    if "--" not in args:
-        raise StartupError("bad arguments: no server command after '--'", code=2)
-    cut = args.index("--")
-    own, command = args[1:cut], args[cut + 1 :]
-    if not command:
-        raise StartupError("bad arguments: empty server command after '--'", code=2)
-    ns = _parser().parse_args(own)
-    for name in ("health_port", "server_port"):
-        port = getattr(ns, name)
-        if not 1 <= port <= 65535:
-            raise StartupError(f"bad arguments: --{name.replace('_', '-')} {port} is not a port", 2)
-    if ns.health_port == ns.server_port:
-        raise StartupError("bad arguments: --health-port equals --server-port", code=2)
-    pct = ns.mps_active_thread_percentage
-    if pct is not None and not ns.mps:
-        raise StartupError("bad arguments: --mps-active-thread-percentage needs --mps", code=2)
-    if pct is not None and not 1 <= pct <= 100:
-        raise StartupError(f"bad arguments: --mps-active-thread-percentage {pct} not in 1..100", 2)
-    if ns.grace_seconds < 0 or ns.warmup_requests < 0 or ns.warmup_timeout_seconds <= 0:
-        raise StartupError("bad arguments: negative grace, warm-up count or timeout", code=2)
-    server = parse_server_command(command)
-    if server.is_vllm and server.port is not None and server.port != ns.server_port:
+    try:
+        args, command = supervisor.parse(argv)
+        server = supervisor.parse_server_command(command)
+    except supervisor.ArgsError as exc:
+        raise StartupError(f"bad arguments: {exc}", code=2) from None
+    if server.is_vllm and server.port is not None and server.port != args.server_port:
         raise StartupError(
             f"bad arguments: server command listens on {server.port}, --server-port is "
-            f"{ns.server_port}",
+            f"{args.server_port}",
             code=2,
         )
     return SupervisorConfig(
-        health_port=ns.health_port,
-        server_port=ns.server_port,
-        mps=ns.mps,
-        mps_active_thread_percentage=pct,
-        precapture=ns.precapture,
-        grace_seconds=ns.grace_seconds,
-        warmup_requests=ns.warmup_requests,
-        warmup_timeout_seconds=ns.warmup_timeout_seconds,
+        health_port=args.health_port,
+        server_port=args.server_port,
+        mps=args.mps,
+        mps_active_thread_percentage=args.mps_active_thread_percentage,
+        precapture=args.precapture,
+        grace_seconds=args.grace_seconds,
+        warmup_requests=args.warmup_requests,
+        warmup_timeout_seconds=args.warmup_timeout_seconds,
         server=server,
-    )
-
-
-def _option(argv: Sequence[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name:
-            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                raise StartupError(f"bad arguments: server command option {name} has no value", 2)
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def parse_server_command(argv: Sequence[str]) -> ServerCommand:
-    """Recognise ``vllm serve MODEL ... --omni``; any other command runs as given."""
-    argv = tuple(argv)
-    if Path(argv[0]).name != "vllm" or len(argv) < 2 or argv[1] != "serve":
-        return ServerCommand(argv)
-    if len(argv) < 3 or argv[2].startswith("-"):
-        raise StartupError("bad arguments: 'vllm serve' without a model", code=2)
-    if "--omni" not in argv:
-        raise StartupError("bad arguments: 'vllm serve' without --omni", code=2)
-    port_text = _option(argv, "--port")
-    try:
-        port = int(port_text) if port_text is not None else None
-    except ValueError:
-        raise StartupError(f"bad arguments: server --port {port_text!r}", code=2) from None
-    deploy = _option(argv, "--deploy-config")
-    return ServerCommand(
-        argv,
-        is_vllm=True,
-        model=argv[2],
-        deploy_config=Path(deploy) if deploy else None,
-        port=port,
-        served_model_name=_option(argv, "--served-model-name") or argv[2],
     )
 
 
@@ -271,91 +175,6 @@ def check_model_folder(model: str) -> None:
 # ------------------------------------------------------------------------- deploy config
 
 
-def _profile_schema() -> dict[str, Any] | None:
-    try:
-        from minicpm_speech_operator.assets import asset_dir
-    except ImportError:
-        return None
-    path = asset_dir("profiles") / "schema.json"
-    if not path.is_file():
-        return None
-    loaded: dict[str, Any] = json.loads(path.read_text())
-    return loaded
-
-
-def _dig(document: Mapping[str, Any], path: Sequence[str]) -> Any:
-    node: Any = document
-    for key in path:
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(key)
-    return node
-
-
-# The batched engine's fixed chunking (minicpm_speech_runtime.engine.config; no torch here).
-ENGINE_CHUNK_TOKENS = 25
-ENGINE_LOOKAHEAD_TOKENS = 3
-
-
-def batched_engine_refusal(extras: Mapping[str, Any]) -> str | None:
-    """Why the batched Code2Wav engine cannot serve these extras (one line naming the key)."""
-    if not extras.get("batched_code2wav", False):
-        return None
-    fixed = {
-        "token2wav_float16": (False, "the batched engine computes in float32 only"),
-        "codec_chunk_frames": (
-            ENGINE_CHUNK_TOKENS, f"the engine decodes chunks of {ENGINE_CHUNK_TOKENS} tokens"),
-        "codec_left_context_frames": (
-            ENGINE_LOOKAHEAD_TOKENS,
-            f"the engine keeps exactly {ENGINE_LOOKAHEAD_TOKENS} lookahead tokens"),
-    }
-    for key, (allowed, why) in fixed.items():
-        if key in extras and extras[key] != allowed:
-            return f"batched_code2wav: {key}={extras[key]!r} is not supported: {why}"
-    for key, least in (("micro_batch_size", 1), ("cfm_max_graphs", 0),
-                       ("token2wav_n_timesteps", 1)):
-        value = extras.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value < least:
-            return f"batched_code2wav: {key}={value!r} is not supported: must be >= {least}"
-    seconds = extras.get("ref_audio_max_seconds")
-    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds <= 0:
-        return f"batched_code2wav: ref_audio_max_seconds={seconds!r} is not supported: must be > 0"
-    return None
-
-
-def _own_checks(extras: Mapping[str, Any]) -> None:
-    """What the schema cannot say, and the types when no schema is at hand."""
-    bools = ("batched_code2wav", "cfm_graph_precapture", "token2wav_allow_tf32",
-             "token2wav_float16")
-    ints = ("micro_batch_size", "cfm_max_graphs", "reference_prep_workers",
-            "reference_cache_size")
-    for key in bools:
-        if key in extras and not isinstance(extras[key], bool):
-            raise StartupError(f"deploy config: {'.'.join(EXTRA_PATH)}.{key} must be a boolean")
-    for key in ints:
-        value = extras.get(key)
-        if key in extras and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise StartupError(f"deploy config: {'.'.join(EXTRA_PATH)}.{key} must be an integer")
-    refusal = batched_engine_refusal(extras)
-    if refusal is not None:
-        raise StartupError(f"deploy config: {refusal}")
-    sizes = extras.get("setup_graph_batch_sizes")
-    micro = extras.get("micro_batch_size")
-    if isinstance(sizes, list) and isinstance(micro, int):
-        over = [s for s in sizes if isinstance(s, int) and s > micro]
-        if over:
-            raise StartupError(
-                f"deploy config: setup_graph_batch_sizes {over} exceed micro_batch_size {micro}"
-            )
-    initial, minimum = extras.get("code2wav_initial_batch_size"), extras.get(
-        "code2wav_min_batch_size", 1
-    )
-    if isinstance(initial, int) and isinstance(minimum, int) and 0 < initial < minimum:
-        raise StartupError(
-            "deploy config: code2wav_initial_batch_size must be 0 or >= code2wav_min_batch_size"
-        )
-
-
 def load_deploy_config(path: Path) -> dict[str, Any]:
     """Parse and validate a deploy config; returns the Code2Wav connector extras."""
     if not path.is_file():
@@ -378,14 +197,13 @@ def load_deploy_config(path: Path) -> dict[str, Any]:
         if base.startswith("/") and not Path(base).is_file():
             raise StartupError(f"deploy config {path}: base_config {base} does not exist")
     _check_shape(path, overlay)
-    extras = _dig(overlay, EXTRA_PATH)
+    extras = dig(overlay, EXTRA_PATH)
     if extras is None:
         return {}
-    if not isinstance(extras, dict):
-        raise StartupError(f"deploy config {path}: {'.'.join(EXTRA_PATH)} is not a mapping")
-    _check_extras(path, extras)
-    _own_checks(extras)
-    return extras
+    problem = first_problem(extras, vllm_omni_internal=True)
+    if problem is not None:
+        raise StartupError(f"deploy config {path}: {problem.line()}"[:500])
+    return dict(extras)
 
 
 def _check_shape(path: Path, overlay: Mapping[str, Any]) -> None:
@@ -404,24 +222,6 @@ def _check_shape(path: Path, overlay: Mapping[str, Any]) -> None:
             raise StartupError(f"deploy config {path}: {key} is not a mapping")
 
 
-def _check_extras(path: Path, extras: Mapping[str, Any]) -> None:
-    """The Code2Wav extras against the schema's ``code2wavExtra`` (types and ranges), with the
-    keys only vLLM-Omni reads allowed as they are."""
-    schema = _profile_schema()
-    if schema is None:
-        return
-    import jsonschema
-
-    extra = dict(schema["$defs"]["code2wavExtra"])
-    extra["properties"] = {**extra["properties"], **{k: {} for k in VLLM_OMNI_ONLY_EXTRAS}}
-    validator = jsonschema.Draft202012Validator({**extra, "$defs": schema["$defs"]})
-    errors = sorted(validator.iter_errors(dict(extras)), key=lambda e: list(e.absolute_path))
-    if errors:
-        first = errors[0]
-        where = ".".join([*EXTRA_PATH, *(str(p) for p in first.absolute_path)])
-        raise StartupError(f"deploy config {path}: {where}: {first.message}"[:500])
-
-
 def validate(config: SupervisorConfig) -> SupervisorConfig:
     """Every environment and config check; returns the config with the extras filled in."""
     if os.environ.get(TEST_WITHOUT_GPU_ENV) != "1":
@@ -431,16 +231,22 @@ def validate(config: SupervisorConfig) -> SupervisorConfig:
     server = config.server
     if server.is_vllm and server.model is not None and is_local_model(server.model):
         check_model_folder(server.model)
-    extras: dict[str, Any] = {}
-    if server.is_vllm:
-        if server.deploy_config is None:
-            raise StartupError("bad arguments: 'vllm serve --omni' without --deploy-config", 2)
-        extras = load_deploy_config(server.deploy_config)
-        declared = extras.get("cfm_graph_precapture")
-        if declared is not None and bool(declared) != config.precapture:
-            flag = "--precapture" if config.precapture else "--no-precapture"
-            raise StartupError(
-                f"{flag} disagrees with cfm_graph_precapture: {str(declared).lower()} in the "
-                "deploy config"
-            )
-    return dataclasses.replace(config, extras=extras)
+    return dataclasses.replace(config, extras=check_deploy_config(config))
+
+
+def check_deploy_config(config: SupervisorConfig) -> dict[str, Any]:
+    """The server command's deploy config, checked, and its Code2Wav extras."""
+    server = config.server
+    if not server.is_vllm:
+        return {}
+    if server.deploy_config is None:
+        raise StartupError("bad arguments: 'vllm serve --omni' without --deploy-config", 2)
+    extras = load_deploy_config(Path(server.deploy_config))
+    declared = extras.get("cfm_graph_precapture")
+    if declared is not None and bool(declared) != config.precapture:
+        flag = "--precapture" if config.precapture else "--no-precapture"
+        raise StartupError(
+            f"{flag} disagrees with cfm_graph_precapture: {str(declared).lower()} in the "
+            "deploy config"
+        )
+    return extras

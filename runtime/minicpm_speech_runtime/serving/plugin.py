@@ -56,9 +56,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from minicpm_speech_contract.extras import EXTRA_PATH, Code2WavExtras
+from minicpm_speech_contract.paths import dig
 
 from .arrivals import ARRIVALS_SUBDIR, Arrival, ArrivalWatcher, spool_reference
-from .config import EXTRA_PATH
 from .control import (
     DEPLOY_CONFIG_ENV,
     PLUGIN_FILE,
@@ -92,10 +93,8 @@ def extras_from_env() -> dict[str, Any] | None:
     except (OSError, yaml.YAMLError) as exc:
         log.warning("plugin: cannot read %s (%s); staying off", path, exc)
         return None
-    node: Any = document
-    for key in EXTRA_PATH:
-        node = node.get(key) if isinstance(node, dict) else None
-    return dict(node) if isinstance(node, dict) else {}
+    extras = dig(document, EXTRA_PATH)
+    return dict(extras) if isinstance(extras, dict) else {}
 
 
 def enabled() -> bool:
@@ -128,9 +127,7 @@ def register() -> None:
             patch_api_server()
         except Exception as exc:  # requests are still served; client errors answer 500
             log.warning("plugin: vLLM-Omni's chat handler is not patched (%s)", str(exc)[:300])
-    from .backend import RuntimeOptions
-
-    if RuntimeOptions.from_extras(extras_from_env() or {}).reference_prep_workers <= 0:
+    if Code2WavExtras.of(extras_from_env() or {}).reference_prep_workers <= 0:
         return  # no preparation pool in stage 2 to take arrivals
     try:
         orchestrator = importlib.import_module(ORCHESTRATOR_MODULE)
@@ -320,13 +317,13 @@ def share_prompt_table(model: Any) -> bool:
 
 def install_runtime_backend(model: Any) -> Any:
     """Put a :class:`Code2WavBackend` in place of ``model.backend`` if this stage asks for it."""
-    from .backend import Code2WavBackend, RuntimeOptions
+    from .backend import Code2WavBackend
 
     inner = model.backend
     if inner is None or isinstance(inner, Code2WavBackend):
         return inner
     extras = model._extra_config()
-    options = RuntimeOptions.from_extras(extras)
+    options = Code2WavExtras.of(extras)
     if not options.batched_code2wav:
         return inner
     device = inner.speech_window.device

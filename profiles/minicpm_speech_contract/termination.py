@@ -1,8 +1,8 @@
 """The compact result a perf Job leaves in its pod's termination message.
 
 Kubernetes keeps at most 4096 bytes of `/dev/termination-log`, and the operator reads the
-result from there so the Job needs no API rights. This module is stdlib-only so the operator
-can import `parse_termination_message` without the Job's dependencies.
+result from there so the Job needs no API rights. The Job writes it with `encode`; the
+operator reads it with `parse_termination_message`.
 
 Schema, version 1 (a single JSON object, UTF-8, always under 4096 bytes):
 

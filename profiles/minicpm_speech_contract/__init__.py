@@ -1,0 +1,12 @@
+"""What the operator, the serving pod and the perf Job agree on, owned in one place.
+
+- :mod:`.extras`: the Code2Wav connector extras of a deploy config: each key's type, range,
+  default and meaning, the rules across keys, and what the batched engine refuses.
+- :mod:`.supervisor`: the pod supervisor's command line, built by the operator and parsed by
+  the pod.
+- :mod:`.termination`: the result a perf Job leaves in its termination message.
+- :mod:`.paths`: walking a key path through a parsed document.
+
+A leaf: it imports the standard library only, never torch, kopf or either side's errors.
+Each program turns the problems found here into its own error.
+"""
