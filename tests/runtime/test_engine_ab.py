@@ -11,6 +11,7 @@ from pathlib import Path
 
 import minicpm_speech_runtime
 import pytest
+from minicpm_speech_contract.extras import DEFAULTS
 from minicpm_speech_runtime.bench.engine_ab import parse_variants, run_order
 
 HERE = Path(minicpm_speech_runtime.__file__).resolve().parents[1]
@@ -43,8 +44,9 @@ def test_variants_run_from_their_own_trees_with_their_overrides(
     shutil.copytree(HERE / "minicpm_speech_runtime", other / "minicpm_speech_runtime")
     config = other / "minicpm_speech_runtime" / "engine" / "config.py"
     text = config.read_text()
-    assert "    graph_budget: int = 64\n" in text
-    config.write_text(text.replace("    graph_budget: int = 64\n", "    graph_budget: int = 7\n"))
+    default = "    graph_budget: int = DEFAULTS.cfm_max_graphs\n"
+    assert default in text
+    config.write_text(text.replace(default, "    graph_budget: int = 7\n"))
     out = tmp_path / "ab.json"
     args = ["--checkpoint", str(tiny_checkpoint), "--conc", "2", "--window", "0.3"]
     args += ["--rounds", "1", "--voices", "1", "--json", str(out)]
@@ -64,7 +66,7 @@ def test_variants_run_from_their_own_trees_with_their_overrides(
     # the override reaches only its variant; the other tree's own default reaches only it
     assert (runs["here"]["config"]["micro_batch"], runs["here"]["config"]["graph_budget"]) == (
         1,
-        64,
+        DEFAULTS.cfm_max_graphs,
     )
     assert (runs["other"]["config"]["micro_batch"], runs["other"]["config"]["graph_budget"]) == (
         2,

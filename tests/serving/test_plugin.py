@@ -1,5 +1,5 @@
 """The plugin without vLLM-Omni installed: a stand-in of ``MiniCPMO45Code2Wav`` with the same
-method names, part 1's real reference preparation on a tiny random checkpoint (CPU)."""
+method names, real voice preparation on a tiny random checkpoint (CPU)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Public API::
 
     engine = Code2WavEngine(models, EngineConfig(max_streams=32, micro_batch=8))
     engine.warmup()                               # precapture the CUDA graph grid
-    engine.add_stream(sid, prepared_voice)        # PreparedVoice from part 1 (prep/device)
+    engine.add_stream(sid, prepared_voice)        # PreparedVoice from voice preparation
     engine.push_tokens(sid, tokens, last=False)   # any number of tokens; ids 0..6560
     for out in engine.step():                     # one batched step for every ready stream
         out.stream_id, out.pcm, out.finished, out.reason

@@ -52,7 +52,7 @@ are by kind). The ``scalar`` setup mode and the ``decode`` graph kind of those c
 kept for dashboards built on vLLM-Omni's own Code2Wav; the engine does not use them.
 
 ``outcome`` is one of ``ahead``, ``inline``, ``late``, ``failed``, ``abandoned``; ``detail`` is
-part 1's finer outcome (:data:`PREP_OUTCOME`): a cached voice is prepared ahead, a queue-full
+voice preparation's finer outcome (:data:`PREP_OUTCOME`): a cached voice is prepared ahead, a queue-full
 request is inline.
 """
 
@@ -70,7 +70,7 @@ from ..counters import OUTCOMES
 
 PREFIX = "minicpm_speech"
 
-# part 1's outcome -> (outcome, detail)
+# voice preparation's outcome -> (outcome, detail)
 PREP_OUTCOME: dict[str, tuple[str, str]] = {
     "ahead": ("ahead", "ahead"),
     "cached": ("ahead", "cached"),
@@ -209,7 +209,7 @@ class RuntimeMetrics:
             self.streams_ended.labels(reason)
 
     def record_prep_counters(self, snapshot: Mapping[str, int]) -> None:
-        """Add what part 1's :class:`PrepCounters` counted since the last call."""
+        """Add what voice preparation's :class:`PrepCounters` counted since the last call."""
         with self._lock:
             for name, value in snapshot.items():
                 delta = value - self._prep_seen.get(name, 0)
