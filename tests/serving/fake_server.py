@@ -113,7 +113,7 @@ def record_metrics() -> None:
     m.observe_chunk(0.012, first=True)
     m.observe_chunk(0.004, first=False)
     m.set_active_streams(4)
-    m.set_gpu_memory(1 << 30, 2 << 30)
+    m.set_gpu_memory(1 << 30, 2 << 30, {"num_ooms": 0, "num_alloc_retries": 2})
     event("metrics")
 
 

@@ -32,6 +32,7 @@ EXPECTED = {
     "minicpm_speech_code2wav_slot_wait_seconds": "histogram",
     "minicpm_speech_code2wav_streams_ended": "counter",
     "minicpm_speech_gpu_memory_bytes": "gauge",
+    "minicpm_speech_gpu_allocator_events": "gauge",
     # the supervisor's own
     "minicpm_speech_ready": "gauge",
     "minicpm_speech_server_up": "gauge",
@@ -122,6 +123,9 @@ def test_metrics_from_the_server_process_reach_the_supervisor(pod: Pod, start: A
                    "minicpm_speech_code2wav_active_streams") == 4
     assert _sample(families, "minicpm_speech_gpu_memory_bytes",
                    "minicpm_speech_gpu_memory_bytes", kind="reserved") == 2 << 30
+    events = "minicpm_speech_gpu_allocator_events"
+    assert _sample(families, events, events, event="num_ooms") == 0
+    assert _sample(families, events, events, event="num_alloc_retries") == 2
     assert _sample(families, "minicpm_speech_ready", "minicpm_speech_ready") == 1
     assert _sample(families, "minicpm_speech_warmup_requests",
                    "minicpm_speech_warmup_requests_total", result="ok") == 3

@@ -8,7 +8,7 @@ Stages, each recorded in the JSON (a failing stage is recorded and the rest stil
   ``--graphs on`` the engine precaptures its grid first and replays graphs (stats recorded).
 * ``matmul_peak``: TF32 and fp32 4096^3 matmul rate, the roofline's ceiling.
 * ``engine``: for each C, C streams, each with its own voice (3-10 s random-waveform reference,
-  prepared before the loop: preparation is voice preparation's job) and 250 tokens pushed the way vLLM-Omni's
+  prepared before the loop, by voice preparation) and 250 tokens pushed the way vLLM-Omni's
   stage-1 hook sends them, a first window of 28 (a chunk and its 3 lookahead tokens) and then 25
   new tokens per step; a finished stream is replaced at once. Measured in steady state: during
   warm-up streams start at most C/10 per step until C are live, then run one more utterance, so

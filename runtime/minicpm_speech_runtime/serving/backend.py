@@ -37,7 +37,8 @@ vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
   vLLM-Omni's own path vocodes it in one piece: same length, a different last stretch of audio.
 * **Streams.** A "state" vLLM-Omni keeps per request is a :class:`StreamHandle`; when vLLM-Omni
   lets it go (request finished or aborted) its stream is cancelled at the next step.
-* **Reference preparation** goes to voice preparation's :class:`~minicpm_speech_runtime.prep.VoicePrep`:
+* **Reference preparation** goes to voice preparation's
+  :class:`~minicpm_speech_runtime.prep.VoicePrep`:
   :meth:`Code2WavBackend.submit_ahead` starts it when vLLM-Omni writes a request's reference
   WAV; ``prepare_prompt`` then acquires it. A VoicePrep request is one vLLM-Omni runtime prompt
   (its ``cache_id``); vLLM-Omni calls ``evict_prompt`` when no request holds it, which releases
@@ -561,7 +562,8 @@ class Code2WavBackend:
         self.metrics.set_active_streams(self.engine.num_streams)
         if self.device.type == "cuda":
             self.metrics.set_gpu_memory(
-                torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
+                torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device),
+                torch.cuda.memory_stats(self.device),
             )
         c = self.engine.counters
         now = (c.setup_groups, c.setups, c.setup_shared + c.setup_hits)

@@ -34,6 +34,13 @@ Names (all prefixed ``minicpm_speech_``):
 ``code2wav_waiting_streams``                    gauge    streams waiting for a slot (livesum)
 ``code2wav_slot_wait_seconds``                  histogram  from a stream's setup to its slot
 ``gpu_memory_bytes{kind}``                      gauge    torch allocator (livesum)
+``gpu_allocator_events{event}``                 gauge    the torch allocator's own counts since
+                                                           the process started (livesum):
+                                                           ``num_ooms`` (allocations that failed
+                                                           even after a retry) and
+                                                           ``num_alloc_retries`` (its cache
+                                                           flushed to retry one); both stay 0
+                                                           in a healthy pod
 ``code2wav_refused_requests_total{reason}``     counter  requests served no audio because of
                                                            their own input: ``voice`` (refused
                                                            reference), ``tokens`` (a token
@@ -52,8 +59,8 @@ are by kind). The ``scalar`` setup mode and the ``decode`` graph kind of those c
 kept for dashboards built on vLLM-Omni's own Code2Wav; the engine does not use them.
 
 ``outcome`` is one of ``ahead``, ``inline``, ``late``, ``failed``, ``abandoned``; ``detail`` is
-voice preparation's finer outcome (:data:`PREP_OUTCOME`): a cached voice is prepared ahead, a queue-full
-request is inline.
+voice preparation's finer outcome (:data:`PREP_OUTCOME`): a cached voice is prepared ahead, a
+queue-full request is inline.
 """
 
 from __future__ import annotations
@@ -162,6 +169,12 @@ class RuntimeMetrics:
             f"{p}_gpu_memory_bytes", "GPU memory of the torch allocator in the Code2Wav process",
             ["kind"], multiprocess_mode="livesum", **kw,
         )
+        # The allocator counts these itself; a gauge mirrors its running totals.
+        self.allocator_events = Gauge(
+            f"{p}_gpu_allocator_events",
+            "Torch allocator OOMs and cache-flushing retries in the Code2Wav process",
+            ["event"], multiprocess_mode="livesum", **kw,
+        )
         self.refused_requests = Counter(
             f"{p}_code2wav_refused_requests", "Requests failed alone by their own input",
             ["reason"], **kw,
@@ -267,11 +280,15 @@ class RuntimeMetrics:
         self.arrival_to_prepared.observe(max(0.0, to_prepared))
         self.arrival_to_first_window.observe(max(0.0, to_first_window))
 
-    def set_gpu_memory(self, allocated: int, reserved: int) -> None:
+    def set_gpu_memory(self, allocated: int, reserved: int, stats: Mapping[str, int]) -> None:
+        """Bytes held, and the allocator's OOM and retry counts from its ``memory_stats``."""
         self.gpu_memory.labels("allocated").set(allocated)
         self.gpu_memory.labels("reserved").set(reserved)
+        for event in ALLOCATOR_EVENTS:
+            self.allocator_events.labels(event).set(stats.get(event, 0))
 
 
+ALLOCATOR_EVENTS = ("num_ooms", "num_alloc_retries")
 _instance: RuntimeMetrics | None = None
 _instance_lock = threading.Lock()
 
