@@ -18,7 +18,6 @@ from . import metrics
 from .apply import ChildConflict, apply, is_controlled_by
 from .errors import InvalidSpec
 from .kubeapi import AlreadyExists, KubeApi
-from .lastgood import build_lastgood_configmap, lastgood_from_configmap, lastgood_name
 from .manifests import (
     CONFIG_HASH_KEY,
     Owner,
@@ -27,7 +26,7 @@ from .manifests import (
     endpoint_url,
     owner_of,
 )
-from .perf_jobs import (
+from .perf.jobs import (
     JobRequest,
     build_job,
     build_job_configmap,
@@ -35,8 +34,9 @@ from .perf_jobs import (
     label_selector,
     perf_selector,
 )
-from .perf_plan import Observed, PerfPlan, plan
-from .perf_results import attempt_of, newest_pod, read_result, to_read
+from .perf.lastgood import build_lastgood_configmap, lastgood_from_configmap, lastgood_name
+from .perf.plan import Observed, PerfPlan, plan
+from .perf.results import attempt_of, newest_pod, read_result, to_read
 from .serving_config import ServingConfig, check_token_secret, profile_document, serving_config
 from .spec import SpeechSpec, parse_spec
 from .status import (
@@ -123,7 +123,7 @@ class Reconciler:
 
     async def _perf_plan(self, owner: Owner, spec: SpeechSpec, cfg: ServingConfig,
                          previous: Mapping[str, Any]) -> PerfPlan:
-        """Read what the benchmark needs from the cluster, then decide (perf_plan.plan)."""
+        """Read what the benchmark needs from the cluster, then decide (perf.plan.plan)."""
         ns, enabled = owner.namespace, spec.perf.enabled
         if not enabled and not previous.get("perf"):
             return plan(spec, cfg, Observed((), {}, None, False), None)

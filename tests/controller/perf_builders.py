@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from minicpm_speech_operator.lastgood import LastGood
 from minicpm_speech_operator.manifests import Owner, owner_of
-from minicpm_speech_operator.perf_jobs import Arm
+from minicpm_speech_operator.perf.jobs import Arm
+from minicpm_speech_operator.perf.lastgood import LastGood
 from minicpm_speech_operator.serving_config import ServingConfig, profile_document, serving_config
 from minicpm_speech_operator.spec import SpeechSpec, parse_spec
 from minicpm_speech_perf.summarize import Point, sweep_message

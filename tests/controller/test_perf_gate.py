@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from minicpm_speech_operator.perf_gate import perf_verdict, quality_verdict
-from minicpm_speech_operator.perf_results import (
+from minicpm_speech_operator.perf.gate import perf_verdict, quality_verdict
+from minicpm_speech_operator.perf.results import (
     Attempt,
     attempt_of,
     job_state,

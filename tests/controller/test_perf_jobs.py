@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from minicpm_speech_operator.manifests import Owner, supervisor_args, vllm_serve_command
-from minicpm_speech_operator.perf_jobs import (
+from minicpm_speech_operator.perf.jobs import (
     JobRequest,
     build_job,
     build_job_configmap,

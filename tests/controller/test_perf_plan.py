@@ -7,13 +7,13 @@ from typing import Any
 import jsonschema
 from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_operator.crd_schema import strict_json_schema, version_schema
-from minicpm_speech_operator.lastgood import (
+from minicpm_speech_operator.perf.jobs import JobRequest, Kind
+from minicpm_speech_operator.perf.lastgood import (
     build_lastgood_configmap,
     lastgood_from_configmap,
 )
-from minicpm_speech_operator.perf_jobs import JobRequest, Kind
-from minicpm_speech_operator.perf_plan import Observed, PerfPlan, plan
-from minicpm_speech_operator.perf_results import Attempt, Result
+from minicpm_speech_operator.perf.plan import Observed, PerfPlan, plan
+from minicpm_speech_operator.perf.results import Attempt, Result
 from minicpm_speech_operator.status import build_status
 
 from .perf_builders import FINISHED, arm, last_good, perf_raw, sweep_text, wer_text

@@ -47,7 +47,7 @@ def job_config(kind: str, model_dir: Path, seed_tts: Path, work: Path,
     manifest, pointed at this machine. ``local`` may give ``base_url`` (a live Job: the pod
     to measure) and ``whisper_model`` (the WER run's evaluator)."""
     from minicpm_speech_operator.manifests import owner_of
-    from minicpm_speech_operator.perf_jobs import (
+    from minicpm_speech_operator.perf.jobs import (
         CANDIDATE_FILE,
         CONFIG_DIR,
         Arm,
@@ -97,7 +97,7 @@ def run_job(argv: list[str], config: dict[str, Any], work: Path) -> JobRun:
 
 def judge(run: JobRun, kind: str) -> Any:
     """The operator's verdict on the finished Job, from its pod's termination message."""
-    from minicpm_speech_operator.perf_results import CONTAINER, Attempt, read_result
+    from minicpm_speech_operator.perf.results import CONTAINER, Attempt, read_result
 
     attempt = Attempt(name="lane", uid="lane", kind=kind,  # type: ignore[arg-type]
                       config_hash=run.config["config_hash"], attempt=1, created="",

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import Gate
+from ..spec import Gate
 
 Point = Mapping[str, Any]
 

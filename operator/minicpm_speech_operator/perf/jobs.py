@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from minicpm_speech_contract.supervisor import EXECUTABLE, SUBCOMMAND
 
-from .manifests import (
+from ..manifests import (
     CONFIG_HASH_KEY,
     GROUP,
     MANAGED_BY,
@@ -34,8 +34,8 @@ from .manifests import (
     supervisor_args,
     vllm_serve_command,
 )
-from .serving_config import ServingConfig
-from .spec import SpeechSpec
+from ..serving_config import ServingConfig
+from ..spec import SpeechSpec
 
 Kind = Literal["sweep", "wer"]
 KINDS: tuple[Kind, ...] = ("sweep", "wer")

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidSpec
-from .manifests import CONFIG_HASH_KEY, DEPLOY_CONFIG_FILE, Owner, owner_reference, selector_labels
-from .serving_config import ServingConfig
-from .spec import SpeechSpec, parse_spec
+from ..errors import InvalidSpec
+from ..manifests import CONFIG_HASH_KEY, DEPLOY_CONFIG_FILE, Owner, owner_reference, selector_labels
+from ..serving_config import ServingConfig
+from ..spec import SpeechSpec, parse_spec
 
 SPEC_FILE = "spec.json"
 RESULTS_FILE = "results.json"

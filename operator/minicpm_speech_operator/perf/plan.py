@@ -12,11 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..serving_config import ServingConfig
+from ..spec import SpeechSpec
+from ..status import DEGRADED, Condition, PerfView
+from .gate import Verdict, baseline_points, candidate_points, perf_verdict, quality_verdict
+from .jobs import KINDS, Arm, JobRequest
 from .lastgood import LastGood, serving_of
-from .perf_gate import Verdict, baseline_points, candidate_points, perf_verdict, quality_verdict
-from .perf_jobs import KINDS, Arm, JobRequest
-from .perf_results import Attempt, KindState, Result, kind_state
-from .perf_status import (
+from .results import Attempt, KindState, Result, kind_state
+from .status import (
     compact,
     headline,
     kind_status,
@@ -26,9 +29,6 @@ from .perf_status import (
     status_points,
     status_wer_points,
 )
-from .serving_config import ServingConfig
-from .spec import SpeechSpec
-from .status import DEGRADED, Condition, PerfView
 
 BENCHMARKED, PERF_GATE, QUALITY_GATE = "Benchmarked", "PerfGate", "QualityGate"
 ROLLED_BACK, MAINTENANCE = "RolledBack", "Maintenance"

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from minicpm_speech_contract.termination import TerminationMessageError, parse_termination_message
 
-from .manifests import CONFIG_HASH_KEY
-from .perf_jobs import ATTEMPT_KEY, CONTAINER, KINDS, PERF_KIND_KEY, Kind
-from .status import find_condition
+from ..manifests import CONFIG_HASH_KEY
+from ..status import find_condition
+from .jobs import ATTEMPT_KEY, CONTAINER, KINDS, PERF_KIND_KEY, Kind
 
 JobState = Literal["active", "succeeded", "failed"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .perf_gate import Point
-from .perf_results import KindState
+from .gate import Point
+from .results import KindState
 
 POINT_KEYS = {
     "arm": "arm", "c": "concurrency", "tput": "audioThroughput",
