@@ -51,7 +51,7 @@ test-real-server: $(VO_VENV)/.installed-vllm-omni-cpu
 $(VENV)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/$(PIP_INSTALL) --upgrade pip
-	$(BIN)/$(PIP_INSTALL) -e .
+	$(BIN)/$(PIP_INSTALL) -e '.[demo]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-demo

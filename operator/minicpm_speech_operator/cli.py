@@ -140,7 +140,14 @@ def _cluster(namespace: str) -> Iterator[str]:
     if os.environ.get("KUBECONFIG"):
         yield f"the cluster in {os.environ['KUBECONFIG']}"
         return
-    from .emulator import BackgroundEmulator
+    try:
+        # Lazy, and not in the operator image: the emulator and kmock come with the `demo` extra.
+        from minicpm_speech_emulator import BackgroundEmulator
+    except ModuleNotFoundError as error:
+        raise DemoError(
+            f"the embedded API emulator is not installed (no module {error.name!r}); "
+            "install it with: pip install 'minicpm-speech[demo]', "
+            "or set KUBECONFIG to run against a cluster") from error
 
     with tempfile.TemporaryDirectory(prefix="minicpm-speech-demo-") as workdir, \
             BackgroundEmulator(crd_path(), (namespace,), Path(workdir) / "kubeconfig") as cluster:

@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import pytest
-from minicpm_speech_operator.emulator import Fault
+from minicpm_speech_emulator import Fault
 
 from tests.harness.cluster import Cluster
 from tests.harness.kopf_runner import Operator

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from minicpm_speech_emulator import running_emulator
 from minicpm_speech_operator import assets
-from minicpm_speech_operator.emulator import running_emulator
 
 from tests.harness.http import EmulatorHttp
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import kubernetes.client
 import pytest
-from minicpm_speech_operator.emulator import running_emulator
+from minicpm_speech_emulator import running_emulator
 from minicpm_speech_operator.kubeconfig import api_client, connection_from_environment
 
 from tests.harness.cluster import Cluster

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from minicpm_speech_operator.emulator import ApiRequest
+from minicpm_speech_emulator import ApiRequest
 
 from tests.harness.cluster import Cluster
 from tests.harness.http import EmulatorHttp

@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 import kubernetes.client
 import kubernetes.config
 from kubernetes.client.exceptions import ApiException
-from minicpm_speech_operator.emulator import (
+from minicpm_speech_emulator import (
     ApiRequest,
     BackgroundEmulator,
     ClusterEmulator,

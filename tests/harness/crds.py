@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import yaml
-from minicpm_speech_operator.emulator import load_crd
+from minicpm_speech_emulator import load_crd
 
 GROUP = "serving.minicpm-speech.io"
 VERSION = "v1alpha1"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from minicpm_speech_operator.emulator import ClusterEmulator, RunningEmulator, running_emulator
+from minicpm_speech_emulator import ClusterEmulator, RunningEmulator, running_emulator
 
 CONTENT_TYPES = {
     "merge": "application/merge-patch+json",
