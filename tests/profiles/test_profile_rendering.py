@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 from minicpm_speech_operator.profiles import (
-    GENERATED_HEADER,
     ProfileError,
     RenderedDeployConfig,
     bundled_profile_names,
@@ -21,6 +20,7 @@ from minicpm_speech_operator.profiles import (
     merge_overrides,
     render_deploy_config,
 )
+from minicpm_speech_operator.profiles.rendering import GENERATED_HEADER
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # Where the serving image keeps vLLM-Omni's turn-based deploy config; the rendered
