@@ -17,11 +17,14 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import yaml
 from torch import nn
+
+if TYPE_CHECKING:
+    from .engine.estimator import CausalConditionalCFM
 
 T = TypeVar("T")
 
@@ -168,7 +171,7 @@ def _load_hift(folder: Path) -> nn.Module:
 
     state = read_state_dict(folder / HIFT_PT)
     state = {k.replace("generator.", ""): v for k, v in state.items()}
-    hift = HiFTGenerator()
+    hift: nn.Module = HiFTGenerator()
     load_strict(hift, state, HIFT_PT)
     return hift
 
@@ -184,7 +187,7 @@ def _load_tokenizer(folder: Path) -> nn.Module:
         return state, tokenizer_config(state)
 
     state, config = read_checkpoint_file(folder / TOKENIZER_ONNX, read)
-    tokenizer = S3TokenizerV2(TOKENIZER_NAME, config)
+    tokenizer: nn.Module = S3TokenizerV2(TOKENIZER_NAME, config)
     load_strict(tokenizer, state, TOKENIZER_ONNX)
     return tokenizer
 
@@ -235,7 +238,8 @@ def drop_reference_stream_caches(flow: nn.Module) -> int:
     buffer each, 2.1 GB at the released shapes); the batched engine keeps its own caches and
     never reads them. Returns the bytes freed. Only for a flow the reference will not stream."""
     freed = 0
-    for module in (flow.decoder, flow.decoder.estimator):
+    decoder = cast("CausalConditionalCFM", flow.decoder)
+    for module in (decoder, decoder.estimator):
         for name in REFERENCE_STREAM_CACHES:
             buf = module._buffers.get(name)
             if buf is not None and buf.numel():

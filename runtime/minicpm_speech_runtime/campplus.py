@@ -16,8 +16,10 @@ equals the embedding of that reference alone, up to float rounding.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -77,11 +79,16 @@ class _Conv(nn.Module):
         self.conv = conv
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x)
+        return cast(torch.Tensor, self.conv(x))
 
 
 class _BatchNorm(nn.Module):
     """An inference batch-norm slot that could not be folded into a convolution."""
+
+    weight: torch.Tensor  # buffers, registered in __init__
+    bias: torch.Tensor
+    mean: torch.Tensor
+    var: torch.Tensor
 
     def __init__(self, channels: int) -> None:
         super().__init__()
@@ -118,8 +125,13 @@ def _seg_pool(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     t = x.shape[-1]
     n_seg = -(-t // _SEG_LEN)
     pad = n_seg * _SEG_LEN - t
-    sums = F.pad(x * mask, (0, pad)).unflatten(-1, (n_seg, _SEG_LEN)).sum(-1)
-    counts = F.pad(mask, (0, pad)).unflatten(-1, (n_seg, _SEG_LEN)).sum(-1).clamp(min=1.0)
+    # torch's ``Tensor.unflatten`` has no annotations
+    sums: torch.Tensor = (
+        F.pad(x * mask, (0, pad)).unflatten(-1, (n_seg, _SEG_LEN)).sum(-1)  # type: ignore[no-untyped-call]
+    )
+    counts: torch.Tensor = (
+        F.pad(mask, (0, pad)).unflatten(-1, (n_seg, _SEG_LEN)).sum(-1).clamp(min=1.0)  # type: ignore[no-untyped-call]
+    )
     return (sums / counts).repeat_interleave(_SEG_LEN, dim=-1)[..., :t]
 
 
@@ -131,7 +143,8 @@ class _ResBlock(nn.Module):
         self.shortcut = _conv2d(cin, cout, 1, (stride, 1)) if stride != 1 or cin != cout else None
 
     def slots(self) -> list[nn.Module]:
-        return [self.conv1, self.conv2] + ([self.shortcut] if self.shortcut else [])
+        convs: list[nn.Module] = [self.conv1, self.conv2]
+        return convs + ([self.shortcut] if self.shortcut else [])
 
     def forward(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
         out = _apply_mask(F.relu(self.conv1(x)), m)
@@ -195,10 +208,11 @@ class CampPlus(nn.Module):
     def slots(self) -> list[nn.Module]:
         """Parameterised layers in the order the exported graph computes them."""
         out: list[nn.Module] = [self.head_conv1]
-        for rb in self.head_blocks:
+        for rb in cast("Iterable[_ResBlock]", self.head_blocks):
             out += rb.slots()
         out += [self.head_conv2, self.tdnn]
-        for block, bn, conv in zip(self.blocks, self.transit_bn, self.transit, strict=True):
+        blocks = cast("Iterable[Iterable[_DenseLayer]]", self.blocks)
+        for block, bn, conv in zip(blocks, self.transit_bn, self.transit, strict=True):
             for layer in block:
                 out += layer.slots()
             out += [bn, conv]
@@ -221,13 +235,14 @@ class CampPlus(nn.Module):
         x = self.tdnn(x)
         m = None if t_lengths is None else _time_mask(t_lengths, x.shape[-1]).unsqueeze(1)
         x = _apply_mask(F.relu(x), m)
-        for block, bn, conv in zip(self.blocks, self.transit_bn, self.transit, strict=True):
+        blocks = cast("Iterable[Iterable[_DenseLayer]]", self.blocks)
+        for block, bn, conv in zip(blocks, self.transit_bn, self.transit, strict=True):
             for layer in block:
                 x = torch.cat([x, layer(x, m)], dim=1)
             x = _apply_mask(conv(F.relu(bn(x))), m)
         x = F.relu(x)
         stats = _stats_pool(x, m)
-        return self.dense_bn(self.dense(stats.unsqueeze(-1)).squeeze(-1))
+        return cast(torch.Tensor, self.dense_bn(self.dense(stats.unsqueeze(-1)).squeeze(-1)))
 
 
 def _time_mask(lengths: torch.Tensor, t: int) -> torch.Tensor:
@@ -311,7 +326,7 @@ def _conv_layer(node: object, consts: dict[str, np.ndarray]) -> _OnnxLayer:
         else np.zeros(w.shape[0], np.float32)
     )
     attrs = _attrs(node)
-    if int(attrs.get("group", 1)) != 1:
+    if int(cast(int, attrs.get("group", 1))) != 1:
         raise CampPlusMappingError(f"node {name!r}: grouped convolution")
     return _OnnxLayer("Conv", name, (w, b), attrs)
 
@@ -347,7 +362,7 @@ def _expect_conv(slot: _Conv, layer: _OnnxLayer) -> None:
             f"node {layer.name!r}: weight shape {tuple(w.shape)} != {tuple(conv.weight.shape)}"
         )
     nd = w.ndim - 2
-    pads = [int(p) for p in conv.padding]  # type: ignore[union-attr]
+    pads = [int(p) for p in conv.padding]
     # ONNX defaults when an attribute is absent: stride 1, dilation 1, no padding.
     defaults = {"strides": [1] * nd, "dilations": [1] * nd, "pads": [0] * (2 * nd)}
     want = {"strides": list(conv.stride), "dilations": list(conv.dilation), "pads": pads * 2}

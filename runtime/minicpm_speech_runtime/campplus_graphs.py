@@ -11,6 +11,7 @@ ordered after the previous one with an event, on whichever stream it runs, never
 from __future__ import annotations
 
 import threading
+from typing import cast
 
 import torch
 
@@ -46,7 +47,7 @@ class CampPlusGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
+        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for b in reversed(self.batch_sizes):
@@ -75,7 +76,7 @@ class CampPlusGraphs:
             lengths = torch.full((b,), t, dtype=torch.long, device=self.device)
         if shape is None:
             self.eager_calls += 1
-            return self.module(feats, lengths if b > 1 else None)
+            return cast(torch.Tensor, self.module(feats, lengths if b > 1 else None))
         stream = torch.cuda.current_stream(self.device)
         with self._lock:
             if self._last_use is not None:
@@ -87,7 +88,7 @@ class CampPlusGraphs:
                 self._len[b:bb].fill_(1)  # padding rows: a one-frame dummy reference
             self._graphs[shape].replay()
             out = self._out[shape][:b].clone()
-            self._last_use = torch.cuda.Event()
-            self._last_use.record(stream)
+            self._last_use = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._last_use.record(stream)  # type: ignore[no-untyped-call]
             self.replays += 1
         return out

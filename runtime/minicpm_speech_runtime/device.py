@@ -11,11 +11,22 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from .host import HostFeatures
 from .speaker import SpeakerBackend
+
+if TYPE_CHECKING:
+    # s3tokenizer's ``S3TokenizerV2``, as far as this module reads it; for the type checker only
+
+    class _Quantizer(torch.nn.Module):
+        def encode(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    class S3TokenizerV2(torch.nn.Module):
+        encoder: torch.nn.Module
+        quantizer: _Quantizer
 
 
 class StagingCounter:
@@ -73,7 +84,7 @@ class DeviceHalf:
     def __init__(
         self, tokenizer: torch.nn.Module, speaker: SpeakerBackend, device: torch.device
     ) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = cast("S3TokenizerV2", tokenizer)
         self.speaker = speaker
         self.device = device
 

@@ -102,7 +102,11 @@ class VoicePrep:
         self._inflight: set[_Job] = set()  # queued or running, cancelled ones included
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._closed = False
-        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._side = (
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if self.device.type == "cuda"
+            else None
+        )
         self._threads = [
             threading.Thread(target=self._worker, name=f"voice-prep-{i}", daemon=True)
             for i in range(self.config.workers)
@@ -374,8 +378,8 @@ class VoicePrep:
             return self.device_half.run(host), None
         with torch.cuda.stream(self._side):
             voice = self.device_half.run(host)
-            event = torch.cuda.Event()
-            event.record(self._side)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(self._side)  # type: ignore[no-untyped-call]
         return voice, event
 
 

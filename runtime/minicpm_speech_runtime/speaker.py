@@ -8,7 +8,7 @@ TensorRT backend exists only where the ``tensorrt`` package is importable.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ class TorchSpeaker:
     def _run(self, feats: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         if self.graphs is not None:
             return self.graphs(feats, lengths)
-        return self.module(feats, lengths)
+        return cast(torch.Tensor, self.module(feats, lengths))
 
     @torch.inference_mode()
     def embed(self, fbank: torch.Tensor) -> torch.Tensor:

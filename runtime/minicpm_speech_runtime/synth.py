@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from .wav import encode_wav_pcm16
@@ -18,7 +20,7 @@ def voice_like(seconds: float, rate: int, seed: int) -> np.ndarray:
     x = sum(np.sin(k * phase) / k for k in range(1, 8))
     x = x * (0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(1, 4) * t) ** 2)
     x = x + 0.02 * rng.standard_normal(n)
-    return (0.3 * x / np.abs(x).max()).astype(np.float32)
+    return cast(np.ndarray, (0.3 * x / np.abs(x).max()).astype(np.float32))
 
 
 def wav_bytes(seconds: float = 1.0, rate: int = 16000, seed: int = 0) -> bytes:

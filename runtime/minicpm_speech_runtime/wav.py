@@ -50,7 +50,8 @@ class DecodedAudio:
 
     @property
     def seconds(self) -> float:
-        return self.samples.shape[0] / self.sample_rate
+        samples: int = self.samples.shape[0]
+        return samples / self.sample_rate
 
     def content_hash(self) -> str:
         """Hash of the normalised audio: equal samples hash equal whatever the container."""

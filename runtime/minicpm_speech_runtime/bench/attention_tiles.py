@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -96,7 +96,7 @@ def sweep(
     for cfg in itertools.product(*grid.values()):
         row: dict[str, Any] = dict(zip(grid, cfg, strict=True))
         try:
-            run = launcher(case, cfg)
+            run = launcher(case, cast("tuple[int, int, int, int]", cfg))
             row["ms"] = timed_ms(run, reps)
             row["max_diff"] = float((run() - want).abs().max())
         except Exception as exc:  # a tile too large for shared memory fails to compile

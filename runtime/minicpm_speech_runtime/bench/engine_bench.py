@@ -41,17 +41,21 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from ..assets import Code2WavModels, load_code2wav
 from ..checkpoint import REAL, TINY, write_random_checkpoint
-from ..engine import Code2WavEngine, EngineConfig
+from ..engine import Code2WavEngine
+from ..engine import EngineConfig as EngineConfig  # engine_ab replaces it by this name
 from ..engine.config import HISTORY_FRAMES
 from .parity import drain, fixed_nsf_noise, make_voices, max_diff, reference_chunks, utterance
 from .reference_driver import ReferenceDriver
+
+if TYPE_CHECKING:
+    from ..engine.estimator import CausalConditionalCFM
 
 SR = 24000
 # The runs behind the published figures: a graph for every decode and setup shape up to C64.
@@ -135,7 +139,7 @@ def dit_flops_per_chunk(models: Code2WavModels, frames: int, keys: int) -> float
     10 steps x 2 CFG rows x (per-frame linear layers and convs + attention). The adaLN and
     timestep-embedding layers run once per step whatever the frames (the engine computes them
     at start-up), so they are not per-frame work."""
-    est = models.flow.decoder.estimator
+    est = cast("CausalConditionalCFM", models.flow.decoder).estimator
     lin = sum(
         m.weight.numel()
         for name, m in est.named_modules()
@@ -144,7 +148,7 @@ def dit_flops_per_chunk(models: Code2WavModels, frames: int, keys: int) -> float
         and "t_embedder" not in name
     )
     blk = est.blocks[0]
-    conv = 2 * blk.conv.block[1].weight.numel()
+    conv = 2 * cast(torch.nn.Conv1d, blk.conv.block[1]).weight.numel()
     attn = 4 * blk.attn.num_heads * blk.attn.head_dim * keys * len(est.blocks)
     return 10 * 2 * frames * (2 * (lin + conv * len(est.blocks)) + attn)
 
@@ -499,11 +503,18 @@ def main() -> None:
         _stage(
             res["engine"],
             str(c),
-            lambda c=c: run_engine(models, voices, c, a.window, peak, graphs, fused),
+            cast(
+                Callable[[], Any],
+                lambda c=c: run_engine(models, voices, c, a.window, peak, graphs, fused),
+            ),
         )
         _save(res, a.json)
     for c in [int(x) for x in a.ref_conc.split(",") if x]:
-        _stage(res["reference"], str(c), lambda c=c: run_reference(models, voices, c, a.ref_window))
+        _stage(
+            res["reference"],
+            str(c),
+            cast(Callable[[], Any], lambda c=c: run_reference(models, voices, c, a.ref_window)),
+        )
         _save(res, a.json)
     res["ratio_audio_s_per_s"] = {
         c: res["engine"][c]["audio_s_per_s"] / r["audio_s_per_s"]
@@ -514,7 +525,12 @@ def main() -> None:
     }
     _save(res, a.json)
     if a.png:
-        _stage(res, "plot", lambda: plot(res, a.png) or {})
+
+        def plot_stage() -> dict[str, Any]:
+            plot(res, a.png)
+            return {}
+
+        _stage(res, "plot", plot_stage)
     _table(res)
 
 

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -145,14 +145,18 @@ def device_parts(
             if n <= a.max_streams:
                 group = streams[:n]
                 res["encoder_chunk_ms"][n] = timed_ms(
-                    lambda g=group: eng.runner._encode(g, [toks] * len(g), [False] * len(g))
+                    cast(
+                        Callable[[], Any],
+                        lambda g=group: eng.runner._encode(g, [toks] * len(g), [False] * len(g)),
+                    )
                 )
         group = streams[:8]
         res["encoder_prompt_ms"][len(group)] = timed_ms(lambda: _fresh_prompts(eng, group))
         mel = torch.randn(64, 80, 58, device=dev)
         src = torch.zeros(64, 1, 3840, device=dev)
         res["hift_eager_ms"] = {
-            b: timed_ms(lambda b=b: models.hift(mel[:b], src[:b]), 5) for b in (1, 8, 32, 64)
+            b: timed_ms(cast(Callable[[], Any], lambda b=b: models.hift(mel[:b], src[:b])), 5)
+            for b in (1, 8, 32, 64)
         }
         solve = eng.runner.decode_solve
         key = GraphKey("decode", min(32, a.max_streams), 50)
@@ -255,7 +259,7 @@ def burst_timeline(models: Any, n: int, fused: bool) -> dict[str, Any]:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     prof = profile(activities=acts)
     res = setup_burst(models, bench_voices(models, 16), n, fused, around_last=lambda: prof)
-    events = prof.events()
+    events = prof.events()  # type: ignore[no-untyped-call]
     res["profiled_ms"] = res["runs_ms"][-1]
     res["device_kernel_ms_by_phase"] = device_kernels_by_phase(events, 1)
     res["device_idle_ms_by_host_phase"] = device_idle_by_phase(events, 1)

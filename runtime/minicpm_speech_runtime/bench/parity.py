@@ -41,7 +41,7 @@ def fixed_nsf_noise() -> Iterator[None]:
     import stepaudio2.flashcosyvoice.modules.hifigan_components.layers as layers
 
     saved = layers.torch
-    layers.torch = _FixedNoiseTorch()  # type: ignore[assignment]
+    layers.torch = _FixedNoiseTorch()
     try:
         yield
     finally:
@@ -53,12 +53,13 @@ def narrow_hift() -> torch.nn.Module:
     from stepaudio2.flashcosyvoice.modules.hifigan import ConvRNNF0Predictor, HiFTGenerator
 
     torch.manual_seed(3)
-    return HiFTGenerator(
+    hift: torch.nn.Module = HiFTGenerator(
         base_channels=32,
         resblock_kernel_sizes=[3],
         resblock_dilation_sizes=[[1]],
         f0_predictor=ConvRNNF0Predictor(cond_channels=32),
     ).eval()
+    return hift
 
 
 def small_models(models: Code2WavModels) -> Code2WavModels:

@@ -23,7 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -71,7 +71,9 @@ def _references(n: int, seed: int) -> list[bytes]:
     ]
 
 
-def campplus_parity(models: Code2WavModels, graphs: CampPlusGraphs | None, n: int) -> dict:
+def campplus_parity(
+    models: Code2WavModels, graphs: CampPlusGraphs | None, n: int
+) -> dict[str, Any]:
     ort = OrtSpeaker(models.campplus_onnx, threads=1)
     feats = [prepare_host(d).fbank for d in _references(n, 1000)]
     expected = [ort.embed(f) for f in feats]
@@ -87,7 +89,10 @@ def campplus_parity(models: Code2WavModels, graphs: CampPlusGraphs | None, n: in
             if tf32:
                 tf_graphs = CampPlusGraphs(models.campplus, models.device, (1,), (1000,))
                 tf_graphs.capture()
-            variants["cuda_graphs"] = lambda f, g=tf_graphs: g(f.to(models.device))
+            variants["cuda_graphs"] = cast(
+                Callable[[torch.Tensor], torch.Tensor],
+                lambda f, g=tf_graphs: g(f.to(models.device)),
+            )
         for name, fn in variants.items():
             with torch.inference_mode():
                 pairs = [_compare(fn(f), e) for f, e in zip(feats, expected, strict=True)]
@@ -107,7 +112,7 @@ def campplus_parity(models: Code2WavModels, graphs: CampPlusGraphs | None, n: in
     return out
 
 
-def reference_parity(models: Code2WavModels, tmp: Path) -> dict:
+def reference_parity(models: Code2WavModels, tmp: Path) -> dict[str, Any]:
     """Split vs the reference's one-shot preparation, run unmodified on ``models.device``."""
     import soundfile as sf
     import stepaudio2.token2wav as t2w
@@ -135,7 +140,7 @@ def reference_parity(models: Code2WavModels, tmp: Path) -> dict:
     return {name: all(r[i] for r in results) for i, name in enumerate(names)} | {"voices": 6}
 
 
-def async_vs_inline(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path) -> dict:
+def async_vs_inline(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path) -> dict[str, Any]:
     half = DeviceHalf(models.tokenizer, speaker, models.device)
     distinct = _references(16, 3000)
     shared = _references(4, 4000)
@@ -169,7 +174,7 @@ def async_vs_inline(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path) ->
         prep.close()
 
 
-def cancellation(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path) -> dict:
+def cancellation(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path) -> dict[str, Any]:
     """Random cancellation in every job state on this device; what is left afterwards."""
     import gc
     import random
@@ -214,7 +219,9 @@ def cancellation(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path) -> di
         prep.close()
 
 
-def campplus_timing(models: Code2WavModels, graphs: CampPlusGraphs | None, repeat: int) -> dict:
+def campplus_timing(
+    models: Code2WavModels, graphs: CampPlusGraphs | None, repeat: int
+) -> dict[str, Any]:
     ort = OrtSpeaker(models.campplus_onnx, threads=1)
     one = prepare_host(wav_bytes(6.0, 16000, seed=5)).fbank
     many = [prepare_host(wav_bytes(6.0, 16000, seed=50 + i)).fbank for i in range(32)]
@@ -247,7 +254,9 @@ def campplus_timing(models: Code2WavModels, graphs: CampPlusGraphs | None, repea
     return res
 
 
-def prep_latency(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path, workers: int) -> dict:
+def prep_latency(
+    models: Code2WavModels, speaker: TorchSpeaker, tmp: Path, workers: int
+) -> dict[str, Any]:
     """Total time to prepare 32 simultaneous new voices."""
     dev = models.device
     res: dict[str, Any] = {"voices": 32, "reference_seconds": 6.0, "workers": workers}
@@ -294,7 +303,7 @@ def prep_latency(models: Code2WavModels, speaker: TorchSpeaker, tmp: Path, worke
     return res
 
 
-def _print(results: dict) -> None:
+def _print(results: dict[str, Any]) -> None:
     def walk(prefix: str, node: Any) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
@@ -346,7 +355,7 @@ def main() -> None:
         results["campplus_graph_capture_s"] = time.perf_counter() - t0
         results["campplus_graphs"] = len(graphs._graphs)
     speaker = TorchSpeaker(models.campplus, dev, graphs)
-    stages: list[tuple[str, Callable[[], dict]]] = [
+    stages: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("campplus_parity", lambda: campplus_parity(models, graphs, args.refs)),
         ("reference_parity", lambda: reference_parity(models, args.workdir)),
         ("async_vs_inline", lambda: async_vs_inline(models, speaker, args.workdir)),

@@ -18,12 +18,15 @@ import contextlib
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from ..assets import Code2WavModels
+
+if TYPE_CHECKING:
+    from ..engine.estimator import CausalConditionalCFM
 
 CACHE_FRAMES = 1000  # the reference's buffer length
 
@@ -68,7 +71,7 @@ class ReferenceDriver:
         ref.speech_window = torch.from_numpy(np.hamming(2 * ref.source_cache_len)).to(models.device)
         ref.hift_cache_dict = {}
         self.ref = ref
-        est = models.flow.decoder.estimator
+        est = cast("CausalConditionalCFM", models.flow.decoder).estimator
         blk = est.blocks[0]
         self.shape_att = (
             len(est.blocks),
@@ -89,7 +92,7 @@ class ReferenceDriver:
             yield
             return
         saved = self.module.torch
-        self.module.torch = _CpuTorch()  # type: ignore[assignment]
+        self.module.torch = _CpuTorch()
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 yield
@@ -115,14 +118,14 @@ class ReferenceDriver:
             self.ref.stream_cache, self.ref.hift_cache_dict = rs.stream_cache, rs.hift_cache
             wav = self.ref.stream(tokens, None, last_chunk=last, return_waveform=True)
             rs.stream_cache, rs.hift_cache = self.ref.stream_cache, self.ref.hift_cache_dict
-        return np.asarray(wav)[0]
+        return cast(np.ndarray, np.asarray(wav)[0])
 
     def remove(self, stream_id: Any) -> None:
         self.streams.pop(stream_id, None)
 
     @contextlib.contextmanager
     def _swap(self, rs: RefStream) -> Iterator[None]:
-        cfm = self.models.flow.decoder
+        cfm = cast("CausalConditionalCFM", self.models.flow.decoder)
         cfm.att_cache_buffer, cfm.cnn_cache_buffer = rs.att_buffer, rs.cnn_buffer
         self.ref.cache = rs.prompt
         with self._on_device():

@@ -41,8 +41,9 @@ import os
 import platform
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -286,7 +287,8 @@ class _Waits:
 
         self.spent = {"model_lock": 0.0, "device": 0.0}
         self.backend, self.module = model.backend, engine_module
-        self.lock, self.to_host = model.backend.model_lock, engine_module.to_host
+        # the engine module's name for its device-to-host copy, replaced while timing
+        self.lock, self.to_host = model.backend.model_lock, vars(engine_module)["to_host"]
         main, spent, lock, to_host = threading.main_thread(), self.spent, self.lock, self.to_host
 
         class TimedLock:
@@ -307,10 +309,10 @@ class _Waits:
                 spent["device"] += time.perf_counter() - begin
 
         self.backend.model_lock = TimedLock()
-        engine_module.to_host = timed_to_host
+        vars(engine_module)["to_host"] = timed_to_host
 
     def close(self) -> None:
-        self.backend.model_lock, self.module.to_host = self.lock, self.to_host
+        self.backend.model_lock, vars(self.module)["to_host"] = self.lock, self.to_host
 
     def per_forward(self, forwards: int) -> dict[str, float]:
         return {k: v / max(1, forwards) * 1e3 for k, v in self.spent.items()}
@@ -478,8 +480,8 @@ def engine_direct(
     prepared = bench_voices(models, voices)
     prefix = (SILENCE,) * CONNECTOR["codec_left_context_frames"]
     for c in concs:
-        _stage(res["engine"], str(c), lambda c=c: run_engine(
-            models, prepared, c, window, peak, True, True, prefix=prefix))
+        _stage(res["engine"], str(c), cast(Callable[[], Any], lambda c=c: run_engine(
+            models, prepared, c, window, peak, True, True, prefix=prefix)))
         _save(res, out)
 
 
@@ -579,21 +581,28 @@ def main() -> None:
     profiled = {int(x) for x in a.profile_conc.split(",") if x}
     for c in concs:
         _stage(res["served"], str(c),
-               lambda c=c: run_served(folder, SERVED_EXTRAS, c, a.window, seconds, control,
-                                      c in profiled, a.lead_steps))
+               cast(Callable[[], Any],
+                    lambda c=c: run_served(folder, SERVED_EXTRAS, c, a.window, seconds, control,
+                                           c in profiled, a.lead_steps)))
         _save(res, a.json)
     if not a.skip_engine:
         engine_direct(res, folder, concs, a.window, peak, a.voices, a.json)
     for c in [int(x) for x in a.own_conc.split(",") if x]:
         _stage(res["vllm_omni"], str(c),
-               lambda c=c: run_served(folder, OWN_EXTRAS, c, a.window, seconds, control,
-                                      lead_steps=a.lead_steps))
+               cast(Callable[[], Any],
+                    lambda c=c: run_served(folder, OWN_EXTRAS, c, a.window, seconds, control,
+                                           lead_steps=a.lead_steps)))
         _save(res, a.json)
     res["rows"] = rows(res)
     res["vllm_stand_ins"] = vllm_stand_ins.used() if stand_ins else []
     _save(res, a.json)
     if a.png:
-        _stage(res, "plot", lambda: plot(res, a.png) or {})
+
+        def plot_stage() -> dict[str, Any]:
+            plot(res, a.png)
+            return {}
+
+        _stage(res, "plot", plot_stage)
         _save(res, a.json)
     _table(res)
 

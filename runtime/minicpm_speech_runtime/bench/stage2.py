@@ -58,7 +58,7 @@ def build_code2wav(
         load_config=SimpleNamespace(load_format="auto"),
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
     )
-    model = MiniCPMO45Code2Wav(vllm_config=config)  # type: ignore[arg-type]
+    model = MiniCPMO45Code2Wav(vllm_config=config)
     model.load_weights(iter(()))
     return model
 
@@ -76,7 +76,7 @@ def cfm_noise(model: MiniCPMO45Code2Wav) -> torch.Tensor:
 def fixed_vocoder_noise() -> Iterator[None]:
     """HiFT's NSF source draws zeros instead of random phases and noise, in both vocoders."""
     saved = omni_hifigan.torch
-    omni_hifigan.torch = _FixedNoiseTorch()  # type: ignore[assignment]
+    omni_hifigan.torch = _FixedNoiseTorch()
     try:
         with fixed_nsf_noise():
             yield
@@ -170,7 +170,7 @@ class Stage2:
         chunk = self.receiver.get_req_chunk[rid]
         return bool(
             OmniChunkTransferAdapter._commit_received_chunk(
-                self.receiver,  # type: ignore[arg-type]
+                self.receiver,
                 self.consumer[rid],
                 (to_dict(payload), 0),
                 stage_id=2,

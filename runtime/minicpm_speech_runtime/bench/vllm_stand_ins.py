@@ -132,6 +132,9 @@ _KNOWN: dict[tuple[str, str], Any] = {
 
 
 class _StandInModule(types.ModuleType):
+    __version__: str  # set on the top-level ``vllm`` only
+    __version_tuple__: tuple[int, int, int]
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)

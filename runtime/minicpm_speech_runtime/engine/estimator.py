@@ -15,14 +15,67 @@ same order per row, so a row's result equals the per-stream reference up to summ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .graphs import GraphDispatcher, GraphKey
-from .kernels import Kernels
+from .graphs import Body, GraphDispatcher, GraphKey
+from .kernels import Kernels, Pair
 from .transfer import to_device
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    # The reference's flow-matching modules (``cosyvoice2.flow``), as far as the engine reads
+    # them: the package has no type information, and ``nn.Module`` attributes read as
+    # ``Tensor | Module``. Views for the type checker only; nothing is built from them.
+
+    class DiTAttention(nn.Module):
+        num_heads: int
+        head_dim: int
+        scale: float
+        to_q: nn.Linear
+        to_k: nn.Linear
+        to_v: nn.Linear
+        q_norm: nn.LayerNorm
+        k_norm: nn.LayerNorm
+        proj: nn.Linear
+
+    class CausalConvBlock(nn.Module):
+        block: nn.Sequential  # Transpose, CausalConv1d, Transpose, LayerNorm, Mish, ...
+
+    class DiTBlock(nn.Module):
+        adaLN_modulation: nn.Sequential
+        norm1: nn.LayerNorm
+        attn: DiTAttention
+        conv: CausalConvBlock
+        mlp: nn.Module
+
+    class FinalLayer(nn.Module):
+        adaLN_modulation: nn.Sequential
+        norm_final: nn.LayerNorm
+        linear: nn.Linear
+
+    class DiT(nn.Module):
+        t_embedder: nn.Module
+        in_proj: nn.Linear
+        blocks: Sequence[DiTBlock]  # an ``nn.ModuleList`` of them
+        final_layer: FinalLayer
+        att_cache_buffer: torch.Tensor
+        cnn_cache_buffer: torch.Tensor
+
+    class CausalConditionalCFM(nn.Module):
+        estimator: DiT
+        inference_cfg_rate: float
+        rand_noise: torch.Tensor  # [1, 80, N]
+        att_cache_buffer: torch.Tensor
+        cnn_cache_buffer: torch.Tensor
+
+    class CausalMaskedDiffWithXvec(nn.Module):
+        decoder: CausalConditionalCFM
+        spk_embed_affine_layer: nn.Linear
 
 
 @dataclass(slots=True)
@@ -109,13 +162,20 @@ class BlockWeights:
     qk_eps: float
 
 
-def _block_weights(block: nn.Module, c: torch.Tensor) -> BlockWeights:
+def _conv_layers(conv: CausalConvBlock) -> tuple[nn.Conv1d, nn.LayerNorm, nn.Conv1d]:
+    """The causal conv block's first conv, its norm and its second conv."""
+    block = conv.block
+    return cast(nn.Conv1d, block[1]), cast(nn.LayerNorm, block[3]), cast(nn.Conv1d, block[6])
+
+
+def _block_weights(block: DiTBlock, c: torch.Tensor) -> BlockWeights:
     """``c``: [steps, hidden] timestep embeddings."""
     mods = block.adaLN_modulation(c).view(c.shape[0], 9, -1)  # [steps, 9, hidden]
     shift = mods[:, [0, 6, 3]]  # attention, conv, mlp (the reference's chunk order)
     scale = mods[:, [1, 7, 4]]
     gate = mods[:, [2, 8, 5]].contiguous()
-    attn, conv = block.attn, block.conv.block
+    attn = block.attn
+    conv1, _, conv2 = _conv_layers(block.conv)
     s = attn.scale
     cat = torch.cat
     return BlockWeights(
@@ -125,8 +185,8 @@ def _block_weights(block: nn.Module, c: torch.Tensor) -> BlockWeights:
         qkv_b=cat([attn.to_q.bias, attn.to_k.bias, attn.to_v.bias]).contiguous(),
         q_norm=(attn.q_norm.weight * s, attn.q_norm.bias * s),
         k_norm=(attn.k_norm.weight, attn.k_norm.bias),
-        conv1=conv[1].weight.reshape(conv[1].weight.shape[0], -1).contiguous(),
-        conv2=conv[6].weight.reshape(conv[6].weight.shape[0], -1).contiguous(),
+        conv1=conv1.weight.reshape(conv1.weight.shape[0], -1).contiguous(),
+        conv2=conv2.weight.reshape(conv2.weight.shape[0], -1).contiguous(),
         eps=block.norm1.eps,
         qk_eps=attn.q_norm.eps,
     )
@@ -146,9 +206,9 @@ class BatchedEstimator:
     ) -> None:
         """``slots`` x ``frames`` of key/value storage; ``conv_slots`` (default ``slots``) of
         conv caches: a packed solve holds several streams' conv caches per slot of keys."""
-        self.cfm = cfm
+        self.cfm = cast("CausalConditionalCFM", cfm)
         self.kernels = kernels or Kernels(fused=False)
-        self.est = cfm.estimator
+        self.est = self.cfm.estimator
         blocks = self.est.blocks
         attn = blocks[0].attn
         self.depth, self.heads, self.head_dim = len(blocks), attn.num_heads, attn.head_dim
@@ -161,7 +221,7 @@ class BatchedEstimator:
         # conv caches frames-major: [.., 2 frames, conv1 input channels + conv2 input channels]
         conv = (n_timesteps, self.depth, 2 * (conv_slots or slots), 2, 2 * self.hidden)
         self.conv = torch.zeros(conv, dtype=p.dtype, device=p.device)
-        self.cfg_rate = float(cfm.inference_cfg_rate)
+        self.cfg_rate = float(self.cfm.inference_cfg_rate)
         with torch.no_grad():  # the DiT's timestep embedding builds a host tensor: not capturable
             times = self._schedule(p.device, p.dtype)
             temb = torch.cat([self.est.t_embedder(t) for t, _ in times])  # [steps, hidden]
@@ -232,14 +292,14 @@ class BatchedEstimator:
         # each residual update is fused with the layer norm that follows it, the last one
         # with the final layer's norm
         ws = self.weights
-        norms = [(w.ln[step, 0].unbind(0), w.eps) for w in ws[1:]]
-        norms.append((self.final_ln[step].unbind(0), self.final_eps))
+        norms = [(cast(Pair, w.ln[step, 0].unbind(0)), w.eps) for w in ws[1:]]
+        norms.append((cast(Pair, self.final_ln[step].unbind(0)), self.final_eps))
         x, h = self.kernels.residual_norm(
-            self.est.in_proj(h), None, None, ws[0].ln[step, 0].unbind(0), ws[0].eps
+            self.est.in_proj(h), None, None, cast(Pair, ws[0].ln[step, 0].unbind(0)), ws[0].eps
         )
         for b in range(self.depth):
             x, h = self.block(ctx, step, b, x, h, norms[b])
-        return self.est.final_layer.linear(h)
+        return cast(torch.Tensor, self.est.final_layer.linear(h))
 
     def block(
         self,
@@ -248,13 +308,17 @@ class BatchedEstimator:
         b: int,
         x: torch.Tensor,
         h: torch.Tensor,
-        next_norm: tuple[tuple[torch.Tensor, ...], float],
+        next_norm: tuple[Pair, float],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual stream ``x`` and its first norm ``h`` in; the same for the next block out."""
         w, k = self.weights[b], self.kernels
         ln, gate = w.ln[step], w.gate[step]
-        x, h = k.residual_norm(x, gate[0], self.attention(ctx, step, b, h), ln[1].unbind(0), w.eps)
-        x, h = k.residual_norm(x, gate[1], self.conv_block(ctx, step, b, h), ln[2].unbind(0), w.eps)
+        x, h = k.residual_norm(
+            x, gate[0], self.attention(ctx, step, b, h), cast(Pair, ln[1].unbind(0)), w.eps
+        )
+        x, h = k.residual_norm(
+            x, gate[1], self.conv_block(ctx, step, b, h), cast(Pair, ln[2].unbind(0)), w.eps
+        )
         return k.residual_norm(x, gate[2], self.est.blocks[b].mlp(h), *next_norm)
 
     def attention(self, ctx: _SolveContext, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
@@ -273,7 +337,7 @@ class BatchedEstimator:
             ctx.rows,
         )
         o = self.kernels.attention(q, k_cache, v_cache, ctx.key_bias, s.key_range)
-        return self.est.blocks[b].attn.proj(o)
+        return cast(torch.Tensor, self.est.blocks[b].attn.proj(o))
 
     def conv_block(self, ctx: _SolveContext, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
         """``CausalConvBlock.forward_chunk`` on ragged rows; caches updated for active rows."""
@@ -281,13 +345,13 @@ class BatchedEstimator:
         if s.packed is not None:
             return self._conv_block_packed(s.packed, step, b, x)
         cache = self.conv[step, b, 2 * s.lo : 2 * s.hi]  # [R, 2, 2 * hidden]
-        c1, c2 = cache.split(self.hidden, dim=2)
-        block = self.est.blocks[b].conv.block
+        c1, c2 = cache.split(self.hidden, dim=2)  # type: ignore[no-untyped-call]
+        conv1, norm, conv2 = _conv_layers(self.est.blocks[b].conv)
         taps, new1 = k.conv_taps(x, c1, s.last_idx)
-        y = F.linear(taps, w.conv1, block[1].bias)
-        y = k.norm_mish(y, (block[3].weight, block[3].bias), block[3].eps)
+        y = F.linear(taps, w.conv1, conv1.bias)
+        y = k.norm_mish(y, (norm.weight, norm.bias), norm.eps)
         taps, new2 = k.conv_taps(y, c2, s.last_idx)
-        y = F.linear(taps, w.conv2, block[6].bias)
+        y = F.linear(taps, w.conv2, conv2.bias)
         new = torch.cat([new1, new2], dim=2)
         torch.where(s.active[:, None, None], new, cache, out=cache)
         return y
@@ -295,15 +359,15 @@ class BatchedEstimator:
     def _conv_block_packed(self, p: PackedRows, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
         """The conv block over packed segments; every conv row gets its segment's new cache."""
         w, k = self.weights[b], self.kernels
-        block = self.est.blocks[b].conv.block
+        conv1, norm, conv2 = _conv_layers(self.est.blocks[b].conv)
         src = p.cache_src.view(-1)
         new1 = x.reshape(-1, x.shape[2]).index_select(0, src)
-        y = F.linear(k.conv_taps_packed(x, p.seg_first), w.conv1, block[1].bias)
-        y = k.norm_mish(y, (block[3].weight, block[3].bias), block[3].eps)
+        y = F.linear(k.conv_taps_packed(x, p.seg_first), w.conv1, conv1.bias)
+        y = k.norm_mish(y, (norm.weight, norm.bias), norm.eps)
         new2 = y.reshape(-1, y.shape[2]).index_select(0, src)
         cache = self.conv[step, b]  # [G, 2, 2 * hidden]
         cache.copy_(torch.cat([new1, new2], dim=1).view(cache.shape[0], 2, -1))
-        return F.linear(k.conv_taps_packed(y, p.seg_first), w.conv2, block[6].bias)
+        return F.linear(k.conv_taps_packed(y, p.seg_first), w.conv2, conv2.bias)
 
 
 @dataclass(slots=True)
@@ -347,7 +411,7 @@ class GraphedSolve:
         for b in batch_sizes:
             for fr in frame_buckets:
                 key = GraphKey(kind, b, fr)
-                dispatcher.declare(key, lambda key=key: self._body(key), self._idle)
+                dispatcher.declare(key, cast(Body, lambda key=key: self._body(key)), self._idle)
 
     def select(self, streams: int, frames: int) -> GraphKey | None:
         return self.dispatcher.select(self.kind, streams, frames)
@@ -358,7 +422,7 @@ class GraphedSolve:
         if replay is None:
             return self.est.solve(s)
         self._load(key, s)  # type: ignore[arg-type]
-        return replay()
+        return cast(torch.Tensor, replay())
 
     def _views(self, key: GraphKey) -> SolveInputs:
         b, f = key.batch, key.frames

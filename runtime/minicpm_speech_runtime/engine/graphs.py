@@ -54,7 +54,7 @@ class CudaGraphBackend:
         self.pool = torch.cuda.graph_pool_handle()
 
     def capture(self, body: Body) -> Body:
-        side = torch.cuda.Stream(self.device)
+        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             body()  # warm-up outside the graph: library handles, workspaces, autotuning
@@ -148,13 +148,15 @@ class GraphDispatcher:
         if entry is None or self.backend is None:
             return None
         if len(self.graphs) >= self.budget:
-            return self._refuse(key, "graph budget exhausted")
+            self._refuse(key, "graph budget exhausted")
+            return None
         entry.idle()
         try:
             graph = self.backend.capture(entry.body)
         except RuntimeError as exc:  # e.g. a host copy or sync inside the body
             self.backend = None  # a failed capture can leave the allocator unusable for more
-            return self._refuse(key, f"capture failed: {exc}")
+            self._refuse(key, f"capture failed: {exc}")
+            return None
         finally:
             entry.idle()
         self.graphs[key] = graph

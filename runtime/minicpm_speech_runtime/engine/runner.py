@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ from .setup_solve import PackedSetupSolve
 from .state import Chunk, FrameMap, StreamState
 from .transfer import to_device
 from .vocoder import BatchedVocoder, VocoderCache
+
+if TYPE_CHECKING:
+    from .estimator import CausalMaskedDiffWithXvec
 
 # a solve's rows: (slot in the solve's estimator, speaker [80], new positions, valid positions)
 Row = tuple[int, torch.Tensor, list[int], list[int]]
@@ -62,7 +66,8 @@ class Runner:
         config: EngineConfig,
         graph_backend: CaptureBackend | None = None,
     ) -> None:
-        self.flow, self.device, self.config = models.flow, models.device, config
+        self.flow = cast("CausalMaskedDiffWithXvec", models.flow)
+        self.device, self.config = models.device, config
         self.trash = config.cache_frames - 1
         steps = config.n_timesteps
         self.kernels = Kernels.for_device(models.device, config.fused_kernels)
@@ -103,7 +108,8 @@ class Runner:
         self.streams: dict[object, DeviceStream] = {}
         self.slot_moves = 0
         self.profile = False  # when set, phases are timed with a device sync around each
-        self.phase_s: Counter[str] = Counter()
+        # seconds by phase; a Counter, so a phase starts at 0
+        self.phase_s = cast("dict[str, float]", Counter())
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -205,7 +211,8 @@ class Runner:
         if copy:
             parts = [t.clone() for t in parts]
         encoder = self.encoder.export_state(self.streams[s.stream_id].encoder, copy)
-        return VoiceSetup(*parts, encoder)
+        k, v, conv = parts
+        return VoiceSetup(k, v, conv, encoder)
 
     def _restore(self, s: StreamState, entry: VoiceSetup) -> None:
         est, p, rows = self.estimator, s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
 from .estimator import BatchedEstimator, PackedRows, SolveInputs, load_inputs
-from .graphs import GraphDispatcher, GraphKey
+from .graphs import Body, GraphDispatcher, GraphKey
 from .transfer import to_device
 
 KIND = "setup"
@@ -115,7 +116,7 @@ class PackedSetupSolve:
         self.all_keys = torch.ones(2, 1, 1, t, dtype=torch.bool, device=dev)
         for fr in frame_buckets:
             key = GraphKey(KIND, 1, fr)
-            dispatcher.declare(key, lambda key=key: self._body(key), self._idle)
+            dispatcher.declare(key, cast(Body, lambda key=key: self._body(key)), self._idle)
 
     def layout(self, lengths: Sequence[int]) -> tuple[PackLayout, GraphKey | None]:
         """The group's layout: as wide as the smallest bucket that holds it, or exact (eager)."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -20,8 +20,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import CHUNK_TOKENS, LOOKAHEAD_TOKENS
-from .graphs import GraphDispatcher, GraphKey
+from .graphs import Body, GraphDispatcher, GraphKey
 from .kernels import Kernels
+
+if TYPE_CHECKING:
+    # The reference's HiFT (``flashcosyvoice.modules.hifigan``), as far as the vocoder reads
+    # it; for the type checker only.
+
+    class _SineGen(nn.Module):
+        harmonic_num: int
+
+    class _SourceModule(nn.Module):
+        l_sin_gen: _SineGen
+
+    class HiFTGenerator(nn.Module):
+        stft_window: torch.Tensor
+        istft_params: dict[str, int]
+        m_source: _SourceModule
+        _istft: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 MEL_CACHE = 8  # frames (160 ms)
 SOURCE_CACHE = MEL_CACHE * 480  # 24 kHz samples per 50 Hz mel frame
@@ -59,7 +75,7 @@ class BatchedVocoder:
         batch_sizes: list[int] | None = None,
         kernels: Kernels | None = None,
     ) -> None:
-        self.hift = hift
+        self.hift = cast("HiFTGenerator", hift)
         self.snakes = snake_overrides(hift, kernels or Kernels(fused=False))
         window = np.hamming(2 * SOURCE_CACHE)
         self.window = torch.from_numpy(window).to(device)  # float64, as the reference's
@@ -78,10 +94,10 @@ class BatchedVocoder:
         for b in sizes:
             for frames, source in GRAPH_SHAPES:
                 key = GraphKey("hift", b, frames, source)
-                d.declare(key, lambda key=key: self._body(key), self._idle)
+                d.declare(key, cast(Body, lambda key=key: self._body(key)), self._idle)
         for frames, source in TAIL_SHAPES:
             key = GraphKey("hift_tail", 1, frames, source)
-            d.declare(key, lambda key=key: self._body(key), self._idle)
+            d.declare(key, cast(Body, lambda key=key: self._body(key)), self._idle)
 
     def _hift(self, mel: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """HiFT on [G, 80, L] mel and [G, 1, S] cached source; a graph when one fits."""
@@ -107,6 +123,8 @@ class BatchedVocoder:
     def _body(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
         mel = self.mel[: key.batch, :, : key.frames]
         src = self.src[: key.batch, :, : key.extra]
+        if self.stft_window is None:  # set by _declare, before any body is declared
+            raise RuntimeError("HiFT graph body without a device STFT window")
         with (
             _graph_safe(self.hift, self.stft_window, self.harmonics),
             _overridden(self.snakes),
@@ -147,9 +165,9 @@ class BatchedVocoder:
             return
         mel = torch.stack([full[i] for i in idx])  # [G, 80, L]
         src = torch.stack([caches[i].source for i in idx])  # [G, 1, S]
-        speech, source = self._hift(mel, src)  # [G, samples], [G, 1, samples]
+        speech, sources = self._hift(mel, src)  # [G, samples], [G, 1, samples]
         for j, i in enumerate(idx):
-            out[i] = self._finish(speech[j : j + 1], source[j], mel[j], caches, i, last[i])
+            out[i] = self._finish(speech[j : j + 1], sources[j], mel[j], caches, i, last[i])
 
     def _finish(
         self,
@@ -208,7 +226,9 @@ def _overridden(forwards: list[tuple[nn.Module, Any]]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _graph_safe(hift: nn.Module, window: torch.Tensor, harmonics: torch.Tensor) -> Iterator[None]:
+def _graph_safe(
+    hift: HiFTGenerator, window: torch.Tensor, harmonics: torch.Tensor
+) -> Iterator[None]:
     """HiFT with a device-resident STFT window and an inverse STFT that never syncs the host.
 
     ``torch.istft`` checks its window envelope on the host, which a graph cannot capture; the
@@ -246,7 +266,7 @@ class _DeviceFloatTensor:
         return self._constant
 
 
-def device_harmonics(hift: nn.Module, device: torch.device) -> torch.Tensor:
+def device_harmonics(hift: HiFTGenerator, device: torch.device) -> torch.Tensor:
     """The NSF source's harmonic numbers [1, 1, n] on ``device``; made before any capture."""
     n = int(hift.m_source.l_sin_gen.harmonic_num) + 1
     return torch.arange(1, n + 1, dtype=torch.float32, device=device).view(1, 1, n)
@@ -258,7 +278,7 @@ def _device_harmonics(harmonics: torch.Tensor) -> Iterator[None]:
 
     data = [[[float(i) for i in range(1, harmonics.shape[2] + 1)]]]
     saved = layers.torch
-    layers.torch = _DeviceFloatTensor(saved, harmonics, data)  # type: ignore[assignment]
+    layers.torch = _DeviceFloatTensor(saved, harmonics, data)
     try:
         yield
     finally:
