@@ -33,7 +33,7 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy profiles/minicpm_speech_contract operator/minicpm_speech_operator \
-		perf-jobs/minicpm_speech_perf runtime/minicpm_speech_runtime
+		operator/minicpm_speech_emulator perf-jobs/minicpm_speech_perf runtime/minicpm_speech_runtime
 	$(BIN)/lint-imports
 	$(BIN)/pytest
 	$(MAKE) test-vllm-omni

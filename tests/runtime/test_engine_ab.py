@@ -11,7 +11,6 @@ from pathlib import Path
 
 import minicpm_speech_runtime
 import pytest
-from minicpm_speech_contract.extras import DEFAULTS
 from minicpm_speech_runtime.bench.engine_ab import parse_variants, run_order
 
 HERE = Path(minicpm_speech_runtime.__file__).resolve().parents[1]
@@ -44,9 +43,10 @@ def test_variants_run_from_their_own_trees_with_their_overrides(
     shutil.copytree(HERE / "minicpm_speech_runtime", other / "minicpm_speech_runtime")
     config = other / "minicpm_speech_runtime" / "engine" / "config.py"
     text = config.read_text()
-    default = "    graph_budget: int = DEFAULTS.cfm_max_graphs\n"
+    # a field the bench leaves to the engine's default
+    default = "    idle_timeout_s: float = 30.0\n"
     assert default in text
-    config.write_text(text.replace(default, "    graph_budget: int = 7\n"))
+    config.write_text(text.replace(default, "    idle_timeout_s: float = 7.0\n"))
     out = tmp_path / "ab.json"
     args = ["--checkpoint", str(tiny_checkpoint), "--conc", "2", "--window", "0.3"]
     args += ["--rounds", "1", "--voices", "1", "--json", str(out)]
@@ -64,13 +64,13 @@ def test_variants_run_from_their_own_trees_with_their_overrides(
     runs = {r["variant"]: r for r in doc["runs"]}
     assert all(r["audio_s_per_s"] > 0 for r in runs.values()), runs
     # the override reaches only its variant; the other tree's own default reaches only it
-    assert (runs["here"]["config"]["micro_batch"], runs["here"]["config"]["graph_budget"]) == (
+    assert (runs["here"]["config"]["micro_batch"], runs["here"]["config"]["idle_timeout_s"]) == (
         1,
-        DEFAULTS.cfm_max_graphs,
+        30.0,
     )
-    assert (runs["other"]["config"]["micro_batch"], runs["other"]["config"]["graph_budget"]) == (
+    assert (runs["other"]["config"]["micro_batch"], runs["other"]["config"]["idle_timeout_s"]) == (
         2,
-        7,
+        7.0,
     )
     summary = {row["variant"]: row for row in doc["summary"]}
     assert summary["here"]["vs_first"] == 1.0 and summary["other"]["vs_first"] > 0

@@ -344,7 +344,7 @@ def test_unsupported_extras_refused_at_build(
     extras = _deploy(tmp_path, monkeypatch, token2wav_float16=True)
     plugin.register()
     model = fake_vllm_omni(extras, model_dir, {}, tmp_path)
-    with pytest.raises(ValueError, match="token2wav_float16=True is not supported") as info:
+    with pytest.raises(ValueError, match="token2wav_float16=true is not supported") as info:
         model._build_backend()
     assert "\n" not in str(info.value)
     pre = control.read_json(tmp_path / "control", control.PRECAPTURE_FILE)

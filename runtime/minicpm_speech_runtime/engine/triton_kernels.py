@@ -23,8 +23,8 @@ from triton.language.extra import libdevice
 _LIBDEVICE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _row_norm(x: tl.tensor, mask: tl.tensor, n: tl.constexpr, eps: tl.tensor) -> tl.tensor:
+@triton.jit
+def _row_norm(x, mask, n: tl.constexpr, eps):
     """Each row of the 2-D ``x`` to zero mean, unit variance (biased, as layer_norm)."""
     mean = tl.sum(x, axis=1, keep_dims=True) / n
     d = tl.where(mask, x - mean, 0.0)
@@ -32,20 +32,10 @@ def _row_norm(x: tl.tensor, mask: tl.tensor, n: tl.constexpr, eps: tl.tensor) ->
     return d / tl.sqrt(var + eps)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _residual_norm(
-    X: tl.tensor,
-    G: tl.tensor,
-    Y: tl.tensor,
-    W: tl.tensor,
-    B: tl.tensor,
-    XO: tl.tensor,
-    H: tl.tensor,
-    eps: tl.tensor,
-    C: tl.constexpr,
-    BLOCK: tl.constexpr,
-    HAS_RES: tl.constexpr,
-) -> None:
+    X, G, Y, W, B, XO, H, eps, C: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < C
@@ -85,27 +75,27 @@ def residual_norm(
     return xo, h
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _qkv_into_cache(
-    QKV: tl.tensor,
-    QW: tl.tensor,
-    QB: tl.tensor,
-    KW: tl.tensor,
-    KB: tl.tensor,
-    Q: tl.tensor,
-    KC: tl.tensor,
-    VC: tl.tensor,
-    WP: tl.tensor,
-    frames: tl.tensor,
-    sc_r: tl.tensor,
-    sc_h: tl.tensor,
-    sc_t: tl.tensor,
-    eps: tl.tensor,
+    QKV,
+    QW,
+    QB,
+    KW,
+    KB,
+    Q,
+    KC,
+    VC,
+    WP,
+    frames,
+    sc_r,
+    sc_h,
+    sc_t,
+    eps,
     HEADS: tl.constexpr,
     D: tl.constexpr,
     BH: tl.constexpr,
     BD: tl.constexpr,
-) -> None:
+):
     n = tl.program_id(0).to(tl.int64)  # row of [R * F]
     r, f = n // frames, n % frames
     hs = tl.arange(0, BH)[:, None]
@@ -153,26 +143,26 @@ def qkv_into_cache(
     return q
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _attention(
-    Q: tl.tensor,
-    KC: tl.tensor,
-    VC: tl.tensor,
-    BIAS: tl.tensor,
-    RANGE: tl.tensor,
-    OUT: tl.tensor,
-    frames: tl.tensor,
-    keys: tl.tensor,
-    sc_r: tl.tensor,
-    sc_h: tl.tensor,
-    sc_t: tl.tensor,
+    Q,
+    KC,
+    VC,
+    BIAS,
+    RANGE,
+    OUT,
+    frames,
+    keys,
+    sc_r,
+    sc_h,
+    sc_t,
     HEADS: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     PRECISION: tl.constexpr,
     PER_QUERY: tl.constexpr,
-) -> None:
+):
     """One (row, head, block of frames): online softmax over the row's key range, or with
     ``PER_QUERY`` over each frame's own range (the block scans the union of its frames')."""
     rh = tl.program_id(1).to(tl.int64)
@@ -260,16 +250,8 @@ def attention(
     return out
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _norm_mish(
-    X: tl.tensor,
-    W: tl.tensor,
-    B: tl.tensor,
-    H: tl.tensor,
-    eps: tl.tensor,
-    C: tl.constexpr,
-    BLOCK: tl.constexpr,
-) -> None:
+@triton.jit
+def _norm_mish(X, W, B, H, eps, C: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < C
@@ -293,19 +275,19 @@ def norm_mish(
     return out
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _conv_taps(
-    X: tl.tensor,
-    CACHE: tl.tensor,
-    LAST: tl.tensor,
-    TAPS: tl.tensor,
-    NEW: tl.tensor,
-    frames: tl.tensor,
-    s_cr: tl.tensor,
-    s_ct: tl.tensor,
+    X,
+    CACHE,
+    LAST,
+    TAPS,
+    NEW,
+    frames,
+    s_cr,
+    s_ct,
     C: tl.constexpr,
     BC: tl.constexpr,
-) -> None:
+):
     """Row (r, f) of the taps [R, F, 3C]: frames f, f+1, f+2 of [cache (2 frames) | x], channel-
     major and tap-minor; program (r, 0) also copies the frames that become the row's cache."""
     n = tl.program_id(0).to(tl.int64)
@@ -346,15 +328,8 @@ def conv_taps(
     return taps, new
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _conv_taps_packed(
-    X: tl.tensor,
-    FIRST: tl.tensor,
-    TAPS: tl.tensor,
-    frames: tl.tensor,
-    C: tl.constexpr,
-    BC: tl.constexpr,
-) -> None:
+@triton.jit
+def _conv_taps_packed(X, FIRST, TAPS, frames, C: tl.constexpr, BC: tl.constexpr):
     """Row (r, f) of the taps [R, F, 3C]: frames f - 2, f - 1, f of x, zero before the frame's
     segment starts (a fresh stream's conv cache)."""
     n = tl.program_id(0).to(tl.int64)
@@ -381,17 +356,8 @@ def conv_taps_packed(x: torch.Tensor, seg_first: torch.Tensor) -> torch.Tensor:
     return taps
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _snake(
-    X: tl.tensor,
-    ALPHA: tl.tensor,
-    OUT: tl.tensor,
-    n: tl.tensor,
-    channels: tl.tensor,
-    frames: tl.tensor,
-    LIBDEVICE: tl.constexpr,
-    BLOCK: tl.constexpr,
-) -> None:
+@triton.jit
+def _snake(X, ALPHA, OUT, n, channels, frames, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     x = tl.load(X + i, mask=m, other=0.0)
