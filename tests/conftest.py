@@ -137,7 +137,7 @@ def child_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from minicpm_speech_runtime.checkpoint import TINY, write_random_checkpoint
+    from minicpm_speech_runtime.fixtures.checkpoint import TINY, write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("code2wav-tiny"), TINY, seed=0)
 

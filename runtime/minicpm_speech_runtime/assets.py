@@ -180,7 +180,7 @@ def _load_tokenizer(folder: Path) -> nn.Module:
     import s3tokenizer
     from s3tokenizer.model_v2 import S3TokenizerV2
 
-    from .s3onnx import TOKENIZER_NAME, tokenizer_config
+    from .voice.s3onnx import TOKENIZER_NAME, tokenizer_config
 
     def read(path: Path) -> tuple[dict[str, Any], Any]:
         state = s3tokenizer.onnx2torch(str(path), None, False)
@@ -193,7 +193,7 @@ def _load_tokenizer(folder: Path) -> nn.Module:
 
 
 def _load_campplus(folder: Path) -> nn.Module:
-    from .campplus import CampPlusMappingError, load_campplus_onnx
+    from .voice.campplus import CampPlusMappingError, load_campplus_onnx
 
     def load(path: Path) -> nn.Module:
         try:

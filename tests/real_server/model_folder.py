@@ -207,8 +207,8 @@ def write_placeholder_weights(path: Path) -> None:
 
 def write_code2wav_assets(assets: Path) -> None:
     """The vLLM-Omni lane's tiny Code2Wav checkpoint and the default prompt voice."""
-    from minicpm_speech_runtime.checkpoint import TINY, write_random_checkpoint
-    from minicpm_speech_runtime.synth import wav_bytes
+    from minicpm_speech_runtime.fixtures.checkpoint import TINY, write_random_checkpoint
+    from minicpm_speech_runtime.fixtures.synth import wav_bytes
 
     # vLLM-Omni loads the speech tokenizer with s3tokenizer.load_model, which builds the
     # released width and depth whatever the file holds.

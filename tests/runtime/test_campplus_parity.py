@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from minicpm_speech_runtime.campplus import CampPlusMappingError, load_campplus_onnx
-from minicpm_speech_runtime.host import prepare_host
-from minicpm_speech_runtime.speaker import OrtSpeaker, tensorrt_available
-from minicpm_speech_runtime.synth import wav_bytes
+from minicpm_speech_runtime.fixtures.synth import wav_bytes
+from minicpm_speech_runtime.voice.campplus import CampPlusMappingError, load_campplus_onnx
+from minicpm_speech_runtime.voice.host import prepare_host
+from minicpm_speech_runtime.voice.speaker import OrtSpeaker, tensorrt_available
 
 N_REFERENCES = 20
 
@@ -106,7 +106,7 @@ def test_missing_layer_is_refused(models, tmp_path: Path) -> None:  # type: igno
     not tensorrt_available() or not torch.cuda.is_available(), reason="needs tensorrt and CUDA"
 )
 def test_tensorrt_matches_onnxruntime(models, references) -> None:  # type: ignore[no-untyped-def]
-    from minicpm_speech_runtime.speaker import TensorRTSpeaker
+    from minicpm_speech_runtime.voice.speaker import TensorRTSpeaker
 
     trt = TensorRTSpeaker(models.campplus_onnx, torch.device("cuda"))
     ort = OrtSpeaker(models.campplus_onnx)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from minicpm_speech_runtime import dsp
-from minicpm_speech_runtime.synth import voice_like
+from minicpm_speech_runtime.fixtures.synth import voice_like
+from minicpm_speech_runtime.voice import dsp
 
 torchaudio = pytest.importorskip("torchaudio")
 

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 import torch
-from minicpm_speech_runtime.device import STAGING, DeviceHalf
-from minicpm_speech_runtime.prep import PrepConfig, VoicePrep
-from minicpm_speech_runtime.speaker import make_speaker
-from minicpm_speech_runtime.synth import wav_bytes
-from minicpm_speech_runtime.wav import decode_wav
+from minicpm_speech_runtime.fixtures.synth import wav_bytes
+from minicpm_speech_runtime.voice.device import STAGING, DeviceHalf
+from minicpm_speech_runtime.voice.prep import PrepConfig, VoicePrep
+from minicpm_speech_runtime.voice.speaker import make_speaker
+from minicpm_speech_runtime.voice.wav import decode_wav
 
 
 class GatedDevice(DeviceHalf):
@@ -40,7 +40,7 @@ class GatedHost:
         self.entered = threading.Event()
 
     def __call__(self, data: bytes):  # type: ignore[no-untyped-def]
-        from minicpm_speech_runtime.host import prepare_host
+        from minicpm_speech_runtime.voice.host import prepare_host
 
         self.entered.set()
         if self.hold is not None and threading.current_thread().name.startswith("voice-prep"):

@@ -9,9 +9,9 @@ import random
 import tracemalloc
 
 import torch
-from minicpm_speech_runtime.device import STAGING, PreparedVoice
-from minicpm_speech_runtime.host import HostFeatures
-from minicpm_speech_runtime.prep import PrepConfig, VoicePrep
+from minicpm_speech_runtime.voice.device import STAGING, PreparedVoice
+from minicpm_speech_runtime.voice.host import HostFeatures
+from minicpm_speech_runtime.voice.prep import PrepConfig, VoicePrep
 
 N_REQUESTS = 3000
 CACHE = 64
@@ -30,7 +30,7 @@ class TinyDevice:
 
 def tiny_host(data: bytes) -> HostFeatures:
     if data.startswith(b"bad"):
-        from minicpm_speech_runtime.wav import BadReference
+        from minicpm_speech_runtime.voice.wav import BadReference
 
         raise BadReference("corrupt", "test input")
     key = hashlib.sha256(data).hexdigest()

@@ -6,12 +6,12 @@ import threading
 
 import pytest
 import torch
-from minicpm_speech_runtime.device import DeviceHalf
-from minicpm_speech_runtime.host import prepare_host
-from minicpm_speech_runtime.prep import PrepConfig, VoicePrep
-from minicpm_speech_runtime.speaker import make_speaker
-from minicpm_speech_runtime.synth import wav_bytes
-from minicpm_speech_runtime.wav import BadReference
+from minicpm_speech_runtime.fixtures.synth import wav_bytes
+from minicpm_speech_runtime.voice.device import DeviceHalf
+from minicpm_speech_runtime.voice.host import prepare_host
+from minicpm_speech_runtime.voice.prep import PrepConfig, VoicePrep
+from minicpm_speech_runtime.voice.speaker import make_speaker
+from minicpm_speech_runtime.voice.wav import BadReference
 
 
 class CountingDevice(DeviceHalf):

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 import torch
-from minicpm_speech_runtime.device import DeviceHalf
-from minicpm_speech_runtime.host import prepare_host
-from minicpm_speech_runtime.speaker import OrtSpeaker, make_speaker
-from minicpm_speech_runtime.synth import wav_bytes
+from minicpm_speech_runtime.fixtures.synth import wav_bytes
+from minicpm_speech_runtime.voice.device import DeviceHalf
+from minicpm_speech_runtime.voice.host import prepare_host
+from minicpm_speech_runtime.voice.speaker import OrtSpeaker, make_speaker
 
 
 class _CpuTorch:

@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 import soundfile as sf
-from minicpm_speech_runtime.synth import voice_like, wav_bytes
-from minicpm_speech_runtime.wav import BadReference, decode_wav, encode_wav_pcm16
+from minicpm_speech_runtime.fixtures.synth import voice_like, wav_bytes
+from minicpm_speech_runtime.voice.wav import BadReference, decode_wav, encode_wav_pcm16
 
 
 def _wav(fmt_tag: int, channels: int, rate: int, bits: int, payload: bytes) -> bytes:

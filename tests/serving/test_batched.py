@@ -34,7 +34,7 @@ from minicpm_speech_runtime.serving.batched import (
     voice_from_features,
 )
 from minicpm_speech_runtime.serving.metrics import RuntimeMetrics
-from minicpm_speech_runtime.wav import BadReference
+from minicpm_speech_runtime.voice.wav import BadReference
 from prometheus_client import CollectorRegistry
 
 CPU = torch.device("cpu")

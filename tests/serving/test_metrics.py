@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from minicpm_speech_runtime.counters import OUTCOMES
 from minicpm_speech_runtime.engine import EndReason
 from minicpm_speech_runtime.serving.metrics import PREP_OUTCOME, STREAM_ENDS, RuntimeMetrics
+from minicpm_speech_runtime.voice.counters import OUTCOMES
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -22,7 +22,7 @@ from minicpm_speech_runtime.serving import control, plugin
 from minicpm_speech_runtime.serving.arrivals import spool_reference
 from minicpm_speech_runtime.serving.backend import VLLM_OMNI_READS, Code2WavBackend
 from minicpm_speech_runtime.serving.prompt_memo import LockedPromptTable
-from minicpm_speech_runtime.wav import encode_wav_pcm16
+from minicpm_speech_runtime.voice.wav import encode_wav_pcm16
 
 FEATURES_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav"
 MAIN = threading.main_thread()
@@ -235,10 +235,10 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path,
     models: Any,
 ) -> None:
-    from minicpm_speech_runtime.device import DeviceHalf
-    from minicpm_speech_runtime.host import prepare_host
-    from minicpm_speech_runtime.speaker import make_speaker
-    from minicpm_speech_runtime.synth import wav_bytes
+    from minicpm_speech_runtime.fixtures.synth import wav_bytes
+    from minicpm_speech_runtime.voice.device import DeviceHalf
+    from minicpm_speech_runtime.voice.host import prepare_host
+    from minicpm_speech_runtime.voice.speaker import make_speaker
 
     extras = _deploy(tmp_path, monkeypatch)
     plugin.register()
@@ -313,7 +313,7 @@ def test_the_engine_is_built_in_float32_whatever_the_stages_default_dtype(
     """vLLM builds a stage with its model dtype as torch's default (bfloat16 for `dtype:
     auto` on a bfloat16 checkpoint). The engine, the speech tokenizer and CAM++ are float32
     models: built in bfloat16 the first reference failed with a dtype mismatch."""
-    from minicpm_speech_runtime.synth import wav_bytes
+    from minicpm_speech_runtime.fixtures.synth import wav_bytes
 
     extras = _deploy(tmp_path, monkeypatch, cfm_graph_precapture=False)
     plugin.register()
@@ -396,7 +396,7 @@ def _until(predicate: Any, timeout: float = 30.0) -> bool:
 def test_a_voice_spooled_at_arrival_is_prepared_before_its_first_window(
     fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
 ) -> None:
-    from minicpm_speech_runtime.synth import voice_like, wav_bytes
+    from minicpm_speech_runtime.fixtures.synth import voice_like, wav_bytes
     from prometheus_client import REGISTRY
 
     orchestrator_cls = _fake_pipeline(monkeypatch)
@@ -450,7 +450,7 @@ def test_the_models_step_and_its_finished_requests_take_turns(
 ) -> None:
     """The model's forward and ``on_requests_finished`` run one at a time, whichever threads
     call them."""
-    from minicpm_speech_runtime.synth import wav_bytes
+    from minicpm_speech_runtime.fixtures.synth import wav_bytes
 
     extras = _deploy(tmp_path, monkeypatch)
     plugin.register()
@@ -481,7 +481,7 @@ def _watched_model(
     """A model whose arrival watcher stops inside vLLM-Omni's normalisation until released."""
     from collections import OrderedDict
 
-    from minicpm_speech_runtime.synth import wav_bytes
+    from minicpm_speech_runtime.fixtures.synth import wav_bytes
 
     extras = _deploy(tmp_path, monkeypatch)
     plugin.register()
@@ -495,7 +495,7 @@ def _watched_model(
 
 
 def _arrive(model: Any, tmp_path: Path, seed: int) -> None:
-    from minicpm_speech_runtime.synth import voice_like
+    from minicpm_speech_runtime.fixtures.synth import voice_like
 
     spool_reference(tmp_path / "control" / "arrivals", f"req-{seed}",
                     voice_like(2.5, 16000, seed=seed), 16000)

@@ -26,8 +26,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     The flow is the tiny one of the runtime tests; the speech tokenizer has the released
     dimensions because vLLM-Omni loads it with ``s3tokenizer.load_model``, which builds those.
     """
-    from minicpm_speech_runtime.checkpoint import TINY, write_random_checkpoint
-    from minicpm_speech_runtime.synth import wav_bytes
+    from minicpm_speech_runtime.fixtures.checkpoint import TINY, write_random_checkpoint
+    from minicpm_speech_runtime.fixtures.synth import wav_bytes
 
     root = tmp_path_factory.mktemp("minicpmo45")
     dims = dataclasses.replace(TINY, tokenizer_width=1280, tokenizer_layers=6)

@@ -64,9 +64,9 @@ def test_an_arriving_requests_voice_is_spooled_as_vllm_omni_reads_it(
     """vLLM-Omni's orchestrator, wrapped: a chat request's reference, as its serving layer puts
     it on the prompt, is spooled when the request arrives, with the samples vLLM-Omni's
     stage-0 bridge hands on to stage 2; then vLLM-Omni's own method runs."""
+    from minicpm_speech_runtime.fixtures.synth import voice_like
     from minicpm_speech_runtime.serving.arrivals import read_spooled, spool_name
     from minicpm_speech_runtime.serving.control import CONTROL_DIR_ENV
-    from minicpm_speech_runtime.synth import voice_like
     from vllm_omni.model_executor.models.minicpmo_4_5.pipeline import (
         MINICPMO45_REFERENCE_AUDIO_KEY,
     )

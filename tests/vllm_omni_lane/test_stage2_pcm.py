@@ -35,12 +35,12 @@ from minicpm_speech_runtime.bench.stage2 import (
     cfm_noise,
     fixed_vocoder_noise,
 )
-from minicpm_speech_runtime.device import DeviceHalf, PreparedVoice
-from minicpm_speech_runtime.host import prepare_host
+from minicpm_speech_runtime.fixtures.synth import voice_like
 from minicpm_speech_runtime.serving.backend import Code2WavBackend
 from minicpm_speech_runtime.serving.batched import voice_from_features
-from minicpm_speech_runtime.speaker import make_speaker
-from minicpm_speech_runtime.synth import voice_like
+from minicpm_speech_runtime.voice.device import DeviceHalf, PreparedVoice
+from minicpm_speech_runtime.voice.host import prepare_host
+from minicpm_speech_runtime.voice.speaker import make_speaker
 from vllm_omni.model_executor.models.minicpmo_4_5.batched_token2wav import (
     BatchedToken2Wav,
 )

@@ -185,7 +185,7 @@ def main() -> None:
     if checkpoint is None:
         if a.generate is None:
             raise SystemExit("give --checkpoint DIR or --generate tiny|real")
-        from minicpm_speech_runtime.checkpoint import REAL, TINY, write_random_checkpoint
+        from minicpm_speech_runtime.fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 
         dims = REAL if a.generate == "real" else TINY
         checkpoint = write_random_checkpoint(a.workdir / "ckpt", dims, 0, a.campplus_onnx)

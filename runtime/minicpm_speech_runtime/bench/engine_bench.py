@@ -47,10 +47,10 @@ import numpy as np
 import torch
 
 from ..assets import Code2WavModels, load_code2wav
-from ..checkpoint import REAL, TINY, write_random_checkpoint
 from ..engine import Code2WavEngine
 from ..engine import EngineConfig as EngineConfig  # engine_ab replaces it by this name
 from ..engine.config import HISTORY_FRAMES
+from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from .parity import drain, fixed_nsf_noise, make_voices, max_diff, reference_chunks, utterance
 from .reference_driver import ReferenceDriver
 

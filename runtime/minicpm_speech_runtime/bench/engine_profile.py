@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from ..assets import load_code2wav
-from ..checkpoint import REAL, TINY, write_random_checkpoint
 from ..engine import Code2WavEngine, EngineConfig
 from ..engine.graphs import GraphKey
+from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from .engine_bench import BENCH_GRAPH_BUDGET
 from .parity import make_voices, utterance
 

@@ -12,11 +12,11 @@ import numpy as np
 import torch
 
 from ..assets import Code2WavModels
-from ..device import DeviceHalf, PreparedVoice
 from ..engine import Code2WavEngine, EngineConfig
-from ..host import prepare_host
-from ..speaker import make_speaker
-from ..synth import wav_bytes
+from ..fixtures.synth import wav_bytes
+from ..voice.device import DeviceHalf, PreparedVoice
+from ..voice.host import prepare_host
+from ..voice.speaker import make_speaker
 
 TOL = 1e-4
 

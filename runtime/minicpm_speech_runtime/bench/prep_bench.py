@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from ..assets import Code2WavModels, load_code2wav
-from ..campplus_graphs import CampPlusGraphs
-from ..checkpoint import REAL, TINY, write_random_checkpoint
-from ..device import STAGING, DeviceHalf
-from ..host import prepare_host
-from ..prep import PrepConfig, VoicePrep
-from ..speaker import OrtSpeaker, TorchSpeaker
-from ..synth import wav_bytes
+from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
+from ..fixtures.synth import wav_bytes
+from ..voice.campplus_graphs import CampPlusGraphs
+from ..voice.device import STAGING, DeviceHalf
+from ..voice.host import prepare_host
+from ..voice.prep import PrepConfig, VoicePrep
+from ..voice.speaker import OrtSpeaker, TorchSpeaker
 
 
 def _sync(device: torch.device) -> None:

@@ -49,8 +49,8 @@ import numpy as np
 import torch
 import yaml
 
-from ..checkpoint import REAL, TINY, write_random_checkpoint
-from ..synth import voice_like, wav_bytes
+from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
+from ..fixtures.synth import voice_like, wav_bytes
 from . import vllm_stand_ins
 from .engine_bench import (
     PIECE,

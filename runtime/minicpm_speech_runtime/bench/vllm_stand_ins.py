@@ -104,7 +104,7 @@ class AudioResampler:
     def resample(self, audio: Any, *, orig_sr: int) -> Any:
         import torch
 
-        from ..dsp import resample
+        from ..voice.dsp import resample
 
         return resample(torch.from_numpy(audio), int(orig_sr), self.target_sr).numpy()
 

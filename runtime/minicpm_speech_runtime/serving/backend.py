@@ -20,7 +20,7 @@ vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
   window; such steps are counted (``reason="final_window"``).
 * **A request's own faults fail it alone.** vLLM-Omni fails a whole forward, every request in
   it, when its backend raises. A reference voice that preparation refuses (silent, say;
-  :class:`~minicpm_speech_runtime.wav.BadReference`) or that the engine cannot set up
+  :class:`~minicpm_speech_runtime.voice.wav.BadReference`) or that the engine cannot set up
   (:class:`~minicpm_speech_runtime.engine.VoiceRefused`) therefore does not raise: its
   requests get a :class:`RefusedVoice` and handles that are already finished, so they decode
   no audio, and the forward goes on for everyone else; a token outside the codebook ends its
@@ -38,7 +38,7 @@ vLLM-Omni: the plugin injects its ``PromptFeatures`` constructor.
 * **Streams.** A "state" vLLM-Omni keeps per request is a :class:`StreamHandle`; when vLLM-Omni
   lets it go (request finished or aborted) its stream is cancelled at the next step.
 * **Reference preparation** goes to voice preparation's
-  :class:`~minicpm_speech_runtime.prep.VoicePrep`:
+  :class:`~minicpm_speech_runtime.voice.prep.VoicePrep`:
   :meth:`Code2WavBackend.submit_ahead` starts it when vLLM-Omni writes a request's reference
   WAV; ``prepare_prompt`` then acquires it. A VoicePrep request is one vLLM-Omni runtime prompt
   (its ``cache_id``); vLLM-Omni calls ``evict_prompt`` when no request holds it, which releases
@@ -66,11 +66,11 @@ from typing import Any, ClassVar
 import torch
 from minicpm_speech_contract.extras import Code2WavExtras
 
-from ..device import PreparedVoice
 from ..engine import Code2WavEngine, EndReason, VoiceRefused
 from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, PROMPT_PAD_TOKEN
-from ..prep import VoicePrep
-from ..wav import BadReference
+from ..voice.device import PreparedVoice
+from ..voice.prep import VoicePrep
+from ..voice.wav import BadReference
 from .batched import voice_from_features
 from .metrics import RuntimeMetrics
 from .prompt_memo import PromptMemo

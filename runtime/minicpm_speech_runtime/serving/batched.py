@@ -3,7 +3,7 @@ prompt features become the engine's voices.
 
 :func:`engine_config` maps the extras onto :class:`EngineConfig` and refuses what the engine
 cannot do, with one line naming the key; :func:`voice_from_features` turns vLLM-Omni's
-``PromptFeatures`` into a :class:`~minicpm_speech_runtime.device.PreparedVoice`.
+``PromptFeatures`` into a :class:`~minicpm_speech_runtime.voice.device.PreparedVoice`.
 :mod:`.backend` drives the engine behind vLLM-Omni's Code2Wav model.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from minicpm_speech_contract.extras import Code2WavExtras, first_problem
 
-from ..device import PreparedVoice
 from ..engine import EngineConfig
 from ..engine.config import MAX_PROMPT_FRAMES
+from ..voice.device import PreparedVoice
 
 DEFAULT_MAX_STREAMS = 8
 PROMPT_FRAMES_PER_SECOND = 50  # 25 Hz tokens, 2 mel frames each

@@ -73,7 +73,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..counters import OUTCOMES
+from ..voice.counters import OUTCOMES
 
 PREFIX = "minicpm_speech"
 

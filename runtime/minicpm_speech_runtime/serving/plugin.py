@@ -425,7 +425,7 @@ def build_backend(model: Any, extras: dict[str, Any], options: Any, device: Any)
     ``<model>/assets/token2wav``; TF32 follows ``token2wav_allow_tf32``."""
     from ..assets import drop_reference_stream_caches, load_code2wav
     from ..engine import Code2WavEngine
-    from ..host import prepare_host
+    from ..voice.host import prepare_host
     from .backend import Code2WavBackend
     from .batched import engine_config
     from .metrics import runtime_metrics
@@ -443,7 +443,7 @@ def build_backend(model: Any, extras: dict[str, Any], options: Any, device: Any)
 
     prep = None
     if options.reference_prep_workers > 0:
-        from ..prep import PrepConfig, VoicePrep
+        from ..voice.prep import PrepConfig, VoicePrep
 
         prep = VoicePrep(half, PrepConfig(
             workers=options.reference_prep_workers,
@@ -470,9 +470,9 @@ def _features_factory() -> Any:
 
 
 def _device_half(folder: Path, tokenizer: Any, options: Any, device: Any) -> Any:
-    from ..campplus import load_campplus_onnx
-    from ..device import DeviceHalf
-    from ..speaker import make_speaker
+    from ..voice.campplus import load_campplus_onnx
+    from ..voice.device import DeviceHalf
+    from ..voice.speaker import make_speaker
     from .backend import CAMPPLUS_BACKENDS
 
     onnx_path = folder / "campplus.onnx"
