@@ -17,14 +17,11 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 import yaml
 from torch import nn
-
-if TYPE_CHECKING:
-    from .engine.estimator import CausalConditionalCFM
 
 T = TypeVar("T")
 
@@ -238,8 +235,8 @@ def drop_reference_stream_caches(flow: nn.Module) -> int:
     buffer each, 2.1 GB at the released shapes); the batched engine keeps its own caches and
     never reads them. Returns the bytes freed. Only for a flow the reference will not stream."""
     freed = 0
-    decoder = cast("CausalConditionalCFM", flow.decoder)
-    for module in (decoder, decoder.estimator):
+    decoder = flow.get_submodule("decoder")
+    for module in (decoder, decoder.get_submodule("estimator")):
         for name in REFERENCE_STREAM_CACHES:
             buf = module._buffers.get(name)
             if buf is not None and buf.numel():
