@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+# Every message that can quote a user's input (status, events, logs) fits in this many
+# characters; the API server would take far more, and one huge value must not flood them.
+MESSAGE_LIMIT = 1024
+_FIELD_LIMIT = 256
+
+
+def capped(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    note = f"... ({len(text) - limit} more characters)"
+    return text[: max(0, limit - len(note))] + note
+
 
 class InvalidSpec(ValueError):
     """Bad input from outside (a manifest, a profile, a referenced object).
@@ -13,10 +26,12 @@ class InvalidSpec(ValueError):
     reason = "InvalidSpec"
 
     def __init__(self, field: str, message: str, fix: str) -> None:
-        self.field = field
-        self.message = message
-        self.fix = fix
-        super().__init__(f"{field}: {message}. {fix}")
+        self.field = capped(field, _FIELD_LIMIT)
+        # the fix always survives: it is what the user acts on
+        self.fix = capped(fix, MESSAGE_LIMIT // 4)
+        room = MESSAGE_LIMIT - len(self.field) - len(self.fix) - 4
+        self.message = capped(message, room)
+        super().__init__(f"{self.field}: {self.message}. {self.fix}")
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.field, self.message, self.fix))

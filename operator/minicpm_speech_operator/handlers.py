@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 
 from . import kubeapi, metrics, retries
+from .errors import capped
 from .kubeapi import KubeApi
 from .kubeconfig import connection_from_environment, load_configuration
 from .manifests import GROUP, KIND, MANAGED_BY
@@ -104,6 +105,6 @@ async def _reconcile(memo: Any, body: Any, namespace: str, name: str, retry: int
 
 def _post_event(body: Any, type_: str, reason: str, message: str) -> None:
     try:
-        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        kopf.event(body, type=type_, reason=reason, message=capped(message))
     except Exception:  # an event is a report; failing to post one never fails a reconcile
         log.exception("could not post a %s event", reason)

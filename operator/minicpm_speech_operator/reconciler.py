@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import metrics
 from .apply import ChildConflict, apply, is_controlled_by
-from .errors import InvalidSpec
+from .errors import InvalidSpec, capped
 from .kubeapi import AlreadyExists, KubeApi
 from .manifests import (
     CONFIG_HASH_KEY,
@@ -49,6 +51,7 @@ from .status import (
     served_from,
 )
 
+log = logging.getLogger(__name__)
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 Result = Literal["ok", "invalid", "gone"]
 
@@ -80,6 +83,7 @@ class Reconciler:
                     metrics.FAILURES.labels("ApiError").inc()
                     raise
             metrics.RECONCILES.labels(outcome.result).inc()
+            log.info("%s", decision_line(namespace, name, outcome))
             return outcome
 
     async def _reconcile(self, namespace: str, name: str) -> Outcome:
@@ -235,6 +239,23 @@ class Reconciler:
             await self._api.patch_speech_status(meta["namespace"], meta["name"], patch)
 
 
+def decision_line(namespace: str, name: str, outcome: Outcome) -> str:
+    """One line per reconcile, ``key=value`` so that a log query can pick it apart: what was
+    decided, each child created or patched, how many were unchanged, and why a spec was
+    refused."""
+    acted = [f"{action}={kind}/{child}" for kind, child, action in outcome.changes
+             if action != "unchanged"]
+    unchanged = sum(action == "unchanged" for _, _, action in outcome.changes)
+    parts = [f"resource={namespace}/{name}", f"result={outcome.result}", *acted]
+    if outcome.changes:
+        parts.append(f"unchanged={unchanged}")
+    if outcome.result == "invalid":
+        degraded = find_condition(outcome.status, "Degraded")
+        parts.append(f"reason={degraded.get('reason', '')}")
+        parts.append(f"message={json.dumps(degraded.get('message', ''))}")
+    return capped(" ".join(parts))
+
+
 def with_removals(old: Any, new: Any) -> Any:
     """``new`` as a merge patch over ``old``: keys that ``new`` dropped are set to null, at
     every depth, or a merge patch would leave a stale result behind."""
@@ -287,6 +308,11 @@ def transition_events(
                        f"{(status.get('perf') or {}).get('configHash')}: {new_bench['message']}"))
     if previous.get("phase") != status.get("phase"):
         kind = "Warning" if status["phase"] == "Degraded" else "Normal"
-        ready = find_condition(status, "Ready")
-        events.append((kind, f"Phase{status['phase']}", ready.get("message", "")))
+        message = find_condition(status, "Ready").get("message", "")
+        if status["phase"] == "Degraded":
+            # The Ready message alone ("serving") would hide that the new spec was refused.
+            why = ("the new spec was refused and nothing changed"
+                   if new_degraded.get("reason") == "InvalidSpec" else "see the Degraded condition")
+            message = f"{new_degraded.get('reason')}: {why}; meanwhile {message}"
+        events.append((kind, f"Phase{status['phase']}", message))
     return events

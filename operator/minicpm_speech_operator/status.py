@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidSpec
+from .errors import InvalidSpec, capped
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 
@@ -177,7 +177,7 @@ def _with_transition_times(
             "type": condition.type,
             "status": status,
             "reason": condition.reason,
-            "message": condition.message,
+            "message": capped(condition.message),
             "observedGeneration": generation,
             "lastTransitionTime": since or now,
         })
