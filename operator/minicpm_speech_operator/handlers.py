@@ -3,6 +3,7 @@ failure of it is reported and retried as :mod:`.retries` says."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -40,6 +41,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.error_backoffs = [0.5, 1, 2, 4]
     memo.reconciler = Reconciler(KubeApi(load_configuration()), emit=_post_event)
     memo.failure_events = retries.FailureEvents()
+    memo.known = set()
+    memo.resync = asyncio.get_running_loop().create_task(_resync_forever(memo))
 
 
 kopf.on.login()(connection_from_environment)
@@ -53,12 +56,40 @@ async def reconcile_speech(name: str, namespace: str | None, memo: Any, body: ko
     await _reconcile(memo, body, namespace or "", name, retry, "reconcile")
 
 
-@kopf.timer(*SPEECHES, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS,
-            backoff=retries.OTHER_ERRORS_BACKOFF_S)
-async def resync(name: str, namespace: str | None, memo: Any, body: kopf.Body,
-                 **kwargs: Any) -> None:
-    """Catches what no event announces: a referenced ConfigMap or Secret created later."""
-    await _reconcile(memo, body, namespace or "", name, int(kwargs.get("retry") or 0), "resync")
+@kopf.on.event(*SPEECHES)
+async def remember_speech(event: kopf.RawEvent, name: str, namespace: str | None, memo: Any,
+                          **_: Any) -> None:
+    """Every resource the watch lists or changes, for the resync; forgotten when deleted."""
+    key = (namespace or "", name)
+    if event.get("type") == "DELETED":
+        memo.known.discard(key)
+    else:
+        memo.known.add(key)
+
+
+async def _resync_forever(memo: Any) -> None:
+    """Reconciles every known resource each RESYNC_SECONDS: this catches what no event
+    announces, such as a referenced ConfigMap or Secret created later.
+
+    A loop of its own rather than Kopf's timer: a timer makes Kopf put a finalizer on every
+    resource, and a resource with a finalizer cannot be deleted once the operator is gone."""
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        for namespace, name in sorted(memo.known):
+            ref = {"apiVersion": f"{GROUP}/v1alpha1", "kind": KIND,
+                   "metadata": {"name": name, "namespace": namespace}}
+            # a failure is reported by _reconcile and tried again at the next resync
+            with contextlib.suppress(Exception):
+                await _reconcile(memo, ref, namespace, name, 0, "resync")
+
+
+@kopf.on.cleanup()
+async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "resync", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @kopf.on.event("v1", "configmaps", labels=CHILDREN)

@@ -60,7 +60,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             }
         },
         "priorityClassName": "system-cluster-critical",
-        "extraArgs": ["--verbose"],
+        "extraArgs": ["--log-level=DEBUG"],
         "metrics": {
             "service": {"annotations": {"prometheus.io/scrape": "true"}},
             "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},

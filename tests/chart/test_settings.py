@@ -209,7 +209,7 @@ def test_run_as_user_null_lets_the_platform_choose() -> None:
 
 
 def test_extra_args_come_last() -> None:
-    assert args({"extraArgs": ["--verbose"]})[-1] == "--verbose"
+    assert args({"extraArgs": ["--log-level=DEBUG"]})[-1] == "--log-level=DEBUG"
 
 
 def test_fullname_override() -> None:
@@ -254,6 +254,12 @@ def test_notes_cluster_wide_use_the_current_namespace() -> None:
     notes = render_notes({"watch": {"clusterWide": True}})
     assert "kubectl apply -f examples/minicpmspeech.yaml" in notes
     assert "every namespace" in notes
+
+
+def test_notes_warn_that_cluster_wide_reaches_every_namespace() -> None:
+    notes = render_notes({"watch": {"clusterWide": True}}).lstrip()
+    assert notes.startswith("WARNING: watch.clusterWide is true")
+    assert "read any Secret" in notes and "watch.namespaces" in notes
 
 
 def test_notes_warn_first() -> None:

@@ -89,6 +89,34 @@ async def test_deleting_the_resource_leaves_no_orphans(cluster: Cluster,
     assert cluster.api.get_speech(NAME) is None
 
 
+async def test_a_resource_deletes_without_the_operator(cluster: Cluster,
+                                                       operator: Operator) -> None:
+    """No finalizer holds a resource once the operator is uninstalled: it goes at once, and
+    the API server's garbage collector takes its children by their owner references."""
+    speech = await create_and_settle(cluster)
+    assert not speech["metadata"].get("finalizers")
+    await operator.stop()
+    try:
+        cluster.api.delete_speech(NAME)
+        await cluster.wait_for(lambda: cluster.api.get_speech(NAME) is None, timeout=30,
+                               message="the resource gone without the operator")
+        if cluster.is_emulated:  # a real cluster's collector runs on its own schedule
+            await cluster.wait_for(lambda: not any(children(cluster).values()), timeout=30,
+                                   message="children garbage-collected")
+    finally:
+        await operator.start()
+
+
+async def test_a_finalizer_an_older_version_left_is_removed(cluster: Cluster,
+                                                            operator: Operator) -> None:
+    await create_and_settle(cluster)
+    cluster.api.patch_speech(NAME, {"metadata": {
+        "finalizers": ["kopf.zalando.org/KopfFinalizerMarker"]}})
+    await cluster.wait_for(
+        lambda: not ((cluster.api.get_speech(NAME) or {}).get("metadata") or {}).get(
+            "finalizers"), timeout=30, message="the old finalizer removed")
+
+
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 async def test_every_example_reconciles(cluster: Cluster, operator: Operator,
                                         example: str) -> None:
