@@ -4,10 +4,14 @@ It is kmock's ``KubernetesEmulator`` plus the parts of the API server's contract
 and the operator depend on and that kmock 0.8 lacks: server-filled metadata, optimistic
 concurrency (409/422), a status subresource kept apart from the object, the
 ``/api/v1/namespaces`` routes, watches that cannot miss an event, finalizers and garbage
-collection through ``ownerReferences``. Known gaps that remain: strategic-merge patches are
-applied as JSON merge patches (lists are replaced whole), set-based label selectors, paging,
-watch bookmarks and ``timeoutSeconds`` are not supported, and no controllers run (Deployments
-never get Pods or a status unless a test writes one).
+collection through ``ownerReferences``, and Kubernetes' own rules for names (DNS-1123
+subdomains, DNS-1035 labels for Services, DNS-1123 labels for Namespaces), labels (keys and
+values) and size (a write body over 1.5 MiB, what etcd stores at most, is refused with 413),
+answered as a real API server does (422 ``Invalid`` with its causes). Known gaps that
+remain: strategic-merge patches are applied as JSON merge patches (lists are replaced whole),
+set-based label selectors, paging, watch bookmarks and ``timeoutSeconds`` are not
+supported, and no controllers run (Deployments never get Pods or a status unless a test
+writes one).
 """
 
 from __future__ import annotations
@@ -78,6 +82,98 @@ class Fault:
 
 def _error(status: int, reason: str, message: str) -> KubernetesStatusError:
     return KubernetesStatusError(status=status, reason=reason, message=message, details={})
+
+
+# Kubernetes' validation rules (k8s.io/apimachinery/pkg/util/validation), kept here and not
+# imported from the operator: the emulator stands for the API server, which owns them.
+MAX_OBJECT_BYTES = 1536 * 1024  # etcd's default request limit, the largest object it stores
+_DNS1123_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"
+_DNS1035_LABEL = "[a-z]([-a-z0-9]*[a-z0-9])?"
+_LABEL_NAME = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_LABEL_VALUE = f"({_LABEL_NAME})?"
+_SUBDOMAIN_RULE = (
+    f"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
+    f"or '.', and must start and end with an alphanumeric character (e.g. 'example.com', "
+    f"regex used for validation is '{_DNS1123_SUBDOMAIN}')")
+_NAME_RULES = {  # by resource plural: (regex, max length, what it is)
+    "services": (_DNS1035_LABEL, 63, (
+        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with "
+        "an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or "
+        f"'abc-123', regex used for validation is '{_DNS1035_LABEL}')")),
+    "namespaces": (_DNS1123_LABEL, 63, (
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+        "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', "
+        f"regex used for validation is '{_DNS1123_LABEL}')")),
+}
+
+
+def _name_causes(resource: kmock.resource, name: str) -> list[tuple[str, str, str]]:
+    """(field, value, why) for each rule ``name`` breaks for this kind of object."""
+    pattern, limit, rule = _NAME_RULES.get(
+        resource.plural or "", (_DNS1123_SUBDOMAIN, 253, _SUBDOMAIN_RULE))
+    causes = []
+    if len(name) > limit:
+        causes.append(("metadata.name", name, f"must be no more than {limit} characters"))
+    if re.fullmatch(pattern, name) is None:
+        causes.append(("metadata.name", name, rule))
+    return causes
+
+
+def _label_causes(field: str, labels: Any) -> list[tuple[str, str, str]]:
+    if not isinstance(labels, Mapping):
+        return []
+    causes = []
+    for key, value in labels.items():
+        prefix, _, name = str(key).rpartition("/")
+        if prefix and (len(prefix) > 253 or not re.fullmatch(_DNS1123_SUBDOMAIN, prefix)):
+            causes.append((field, str(key), f"prefix part {_SUBDOMAIN_RULE}"))
+        if len(name) > 63 or not re.fullmatch(_LABEL_NAME, name):
+            causes.append((field, str(key), (
+                "name part must consist of alphanumeric characters, '-', '_' or '.', and must "
+                "start and end with an alphanumeric character, at most 63 characters")))
+        if not isinstance(value, str) or len(value) > 63 or not re.fullmatch(_LABEL_VALUE, value):
+            causes.append((f"{field}", str(value), (
+                "a valid label must be an empty string or consist of alphanumeric characters, "
+                "'-', '_' or '.', and must start and end with an alphanumeric character, at "
+                f"most 63 characters (regex used for validation is '{_LABEL_VALUE}')")))
+    return causes
+
+
+def _labels_causes(body: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Label maps the API server checks: the object's, its pod template's and its selector's."""
+    def part(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = parent.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    spec = part(body, "spec")
+    template, selector = part(spec, "template"), part(spec, "selector")
+    return [
+        *_label_causes("metadata.labels", part(body, "metadata").get("labels")),
+        *_label_causes("spec.template.metadata.labels", part(template, "metadata").get("labels")),
+        *_label_causes("spec.selector.matchLabels", selector.get("matchLabels")),
+        *(_label_causes("spec.selector", selector) if body.get("kind") == "Service" else []),
+    ]
+
+
+async def _too_large(raw_request: aiohttp.web.BaseRequest) -> bool:
+    if (raw_request.content_length or 0) > MAX_OBJECT_BYTES:
+        return True
+    try:
+        return len(await raw_request.read()) > MAX_OBJECT_BYTES  # read once; kept for later
+    except aiohttp.web.HTTPRequestEntityTooLarge:
+        return True
+
+
+def _invalid(kind: str, name: str, causes: list[tuple[str, str, str]]) -> KubernetesStatusError:
+    """422 Invalid, worded and structured as the API server's StatusError."""
+    rendered = [f'{field}: Invalid value: "{value}": {why}' for field, value, why in causes]
+    listed = rendered[0] if len(rendered) == 1 else f"[{', '.join(rendered)}]"
+    return KubernetesStatusError(
+        status=422, reason="Invalid", message=f'{kind} "{name}" is invalid: {listed}',
+        details={"name": name, "kind": kind, "causes": [
+            {"reason": "FieldValueInvalid", "message": f'Invalid value: "{value}": {why}',
+             "field": field} for field, value, why in causes]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +363,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     # --- request routing ----------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # aiohttp's own limit (1 MiB, answered in plain text) gives way to the API server's.
+        raw_request = raw_request.clone(client_max_size=MAX_OBJECT_BYTES + 1)
+        if raw_request.method in ("POST", "PUT", "PATCH") and await _too_large(raw_request):
+            return aiohttp.web.json_response(status=413, data={
+                "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                "code": 413, "reason": "RequestEntityTooLarge",
+                "message": f"Request entity too large: limit is {MAX_OBJECT_BYTES}"})
         fault = self._fault_for(raw_request.method, raw_request.path) if self._faults else None
         if fault is not None:
             if fault.delay_s:
@@ -434,6 +537,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         )
         if namespaced and not namespace:
             raise _error(422, "Invalid", "a namespaced object needs a namespace")
+        causes = [*_name_causes(resource, meta["name"]), *_labels_causes(body)]
+        if causes:
+            raise _invalid(self._kind(resource, body), meta["name"], causes)
         key: ObjectKey = (resource, namespace if namespaced else None, meta["name"])
         if self._live(key) is not None:
             raise _error(409, "AlreadyExists", f"{resource.plural} {meta['name']!r} already exists")
@@ -518,6 +624,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 meta[field] = old["metadata"][field]
         if new == old:
             return old  # a no-op write changes nothing, not even the resourceVersion
+        causes = _labels_causes(new)
+        if causes:
+            raise _invalid(self._kind(key[0], new), key[2], causes)
         if _spec_part(new) != _spec_part(old):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         meta["resourceVersion"] = self._next_version()
@@ -557,6 +666,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             if (owned or (emptied and other[1] == emptied)) and self._live(other) is not None:
                 await self._delete(other, orphan=False)
         return body
+
+    def _kind(self, resource: kmock.resource, body: Mapping[str, Any]) -> str:
+        known = self.resources[resource].kind if resource in self.resources else None
+        return str(known or body.get("kind") or resource.plural)
 
     def _live_objects(self) -> list[tuple[ObjectKey, Body]]:
         return [(key, obj.raw) for key, obj in self._objects.items() if not obj.deleted]
