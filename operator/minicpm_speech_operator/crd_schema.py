@@ -18,6 +18,7 @@ import yaml
 
 from .assets import crd_path
 from .errors import InvalidSpec
+from .names import NAME_FIX, name_problem
 
 Schema = Mapping[str, Any]
 
@@ -96,7 +97,12 @@ def manifest_errors(manifest: Mapping[str, Any]) -> list[InvalidSpec]:
     """Every reason the API server would refuse this whole manifest, after defaulting."""
     defaulted = with_defaults(version_schema(), manifest)
     errors = sorted(_validator("object").iter_errors(defaulted), key=_error_sort_key)
-    return [_explain(error, "") for error in errors]
+    explained = [_explain(error, "") for error in errors]
+    name = (manifest.get("metadata") or {}).get("name")
+    # the CRD's CEL rule on the name, which JSON Schema cannot say
+    if isinstance(name, str) and (problem := name_problem(name)) is not None:
+        explained.insert(0, InvalidSpec("metadata.name", problem, NAME_FIX))
+    return explained
 
 
 def validate_spec(spec: Any, *, prefix: str = "spec") -> None:
@@ -155,7 +161,8 @@ def _explain(error: jsonschema.ValidationError, prefix: str) -> InvalidSpec:
             field, f"{instance!r} is out of range", f"Use a value {bound[kind]} {detail}{hint}"
         )
     if kind == "pattern":
-        return InvalidSpec(
-            field, f"{instance!r} has the wrong format", f"Match the pattern {detail}{hint}"
-        )
+        # A long pattern would crowd out the description that says the same in words.
+        fix = f"Match the pattern {detail}{hint}" if len(detail) <= 80 or not hint else (
+            f"Write it in the form the field describes{hint}")
+        return InvalidSpec(field, f"{instance!r} has the wrong format", fix)
     return InvalidSpec(field, error.message, f"Fix {field}{hint}")

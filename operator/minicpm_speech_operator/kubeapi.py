@@ -27,6 +27,7 @@ from typing import Any
 import kubernetes.client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from .errors import InvalidSpec
 from .manifests import GROUP
 from .retries import NotLeading
 
@@ -38,6 +39,24 @@ API_THREADS = 16
 
 class AlreadyExists(Exception):
     pass
+
+
+class RefusedByServer(InvalidSpec):
+    """A child the API server would not store (422 Invalid, 413 too large): the spec cannot
+    be served, and retrying will not change that. The server's own reason, capped, is kept."""
+
+
+REFUSALS = (413, 422)
+
+
+def refused(kind: str, name: str, error: ApiException) -> RefusedByServer:
+    try:
+        message = str(json.loads(error.body or "{}").get("message") or error.reason)
+    except (ValueError, AttributeError):
+        message = str(error.body or error.reason)
+    return RefusedByServer(f"{kind} {name}", f"refused by the API server ({error.status}): "
+                           f"{message}", "Change the field of the spec that sets what the "
+                           "server names")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +100,18 @@ class KubeApi:
         except ApiException as error:
             if error.status == 409:
                 raise AlreadyExists(body["metadata"]["name"]) from error
+            if error.status in REFUSALS:
+                raise refused(body["kind"], body["metadata"]["name"], error) from error
             raise
 
     async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> Any:
-        return await self._call(self._verbs[kind].patch, name, namespace, patch,
-                                _content_type=MERGE_PATCH)
+        try:
+            return await self._call(self._verbs[kind].patch, name, namespace, patch,
+                                    _content_type=MERGE_PATCH)
+        except ApiException as error:
+            if error.status in REFUSALS:
+                raise refused(kind, name, error) from error
+            raise
 
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         found = await self._call(self._verbs[kind].list, namespace, label_selector=label_selector)

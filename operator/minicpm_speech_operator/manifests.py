@@ -20,6 +20,7 @@ from minicpm_speech_contract.supervisor import (
     vllm_serve_argv,
 )
 
+from .names import DEPLOY_CONFIG_SUFFIX
 from .serving_config import ServingConfig
 from .spec import SpeechSpec
 
@@ -68,7 +69,7 @@ def child_labels(owner: Owner, cfg: ServingConfig) -> dict[str, str]:
 
 
 def configmap_name(owner: Owner) -> str:
-    return f"{owner.name}-deploy-config"
+    return f"{owner.name}{DEPLOY_CONFIG_SUFFIX}"
 
 
 def endpoint_url(owner: Owner, spec: SpeechSpec) -> str:

@@ -28,6 +28,7 @@ from .manifests import (
     endpoint_url,
     owner_of,
 )
+from .names import check_children, check_resource_name
 from .perf.jobs import (
     JobRequest,
     build_job,
@@ -92,6 +93,7 @@ class Reconciler:
             return Outcome("gone")
         owner, previous = owner_of(body), body.get("status") or {}
         try:
+            check_resource_name(owner.name)
             spec = parse_spec(body.get("spec"))
             cfg = await self._serving_config(namespace, spec)
         except InvalidSpec as invalid:
@@ -103,7 +105,9 @@ class Reconciler:
         changes: list[tuple[str, str, str]] = []
         deployment = None
         try:
-            for child in build_children(owner, serve_spec, serve_cfg):
+            children = build_children(owner, serve_spec, serve_cfg)
+            check_children(children)  # all or none: what the server would refuse stops here
+            for child in children:
                 if child["kind"] == "Deployment" and perf.scale_to_zero:
                     # Only the count: the strategy stays the one for the user's replicas.
                     child["spec"]["replicas"] = 0

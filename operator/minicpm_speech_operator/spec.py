@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
+
+from kubernetes.utils.quantity import parse_quantity
+from minicpm_speech_contract.bounded import BoundedInputError, check_parsed
 
 from .crd_schema import spec_schema, validate_spec, with_defaults
 from .errors import InvalidSpec
@@ -122,6 +126,10 @@ class SpeechSpec:
 
 def parse_spec(raw: Any) -> SpeechSpec:
     """Default and validate a manifest's ``spec``; raises InvalidSpec naming the field."""
+    try:  # first: overrides arrive parsed, of any depth or size, and defaulting copies them
+        check_parsed(raw, field="spec")
+    except BoundedInputError as error:
+        raise InvalidSpec(error.field, error.message, error.fix) from None
     spec = with_defaults(spec_schema(), raw if raw is not None else {})
     validate_spec(spec)
     parsed = SpeechSpec(
@@ -133,8 +141,50 @@ def parse_spec(raw: Any) -> SpeechSpec:
         perf=_perf(spec["perf"]),
         raw=spec,
     )
+    check_runtime(parsed.runtime)
     check_perf(parsed)
     return parsed
+
+
+def quantity(field: str, value: str) -> Decimal:
+    """A Kubernetes quantity ("500m", "64Gi", "1.5G") as a number, or InvalidSpec."""
+    try:
+        return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+    except (ValueError, InvalidOperation):
+        raise InvalidSpec(field, f"{value!r} is not a Kubernetes quantity",
+                          "Write a number with an optional suffix, e.g. 500m, 8, 16Gi") from None
+
+
+def check_runtime(runtime: Runtime) -> None:
+    """The CRD's CEL rules on spec.runtime, checked here too: the API server of an older
+    cluster, a dry run or the emulator may not evaluate them."""
+    if runtime.port == runtime.health_port:
+        raise InvalidSpec(
+            "spec.runtime.healthPort",
+            f"{runtime.health_port} is also spec.runtime.port; the pod cannot serve both on it",
+            "Give the API (spec.runtime.port) and the health endpoints different ports",
+        )
+    shm = quantity("spec.runtime.shmSizeLimit", runtime.shm_size_limit)
+    if shm <= 0:
+        raise InvalidSpec(
+            "spec.runtime.shmSizeLimit",
+            f"{runtime.shm_size_limit!r} leaves the pipeline's stages no shared memory",
+            "Use a positive size, e.g. 16Gi",
+        )
+    requests = runtime.resources.get("requests") or {}
+    limits = runtime.resources.get("limits") or {}
+    for resource in ("cpu", "memory"):
+        if resource not in requests or resource not in limits:
+            continue
+        field = f"spec.runtime.resources.limits.{resource}"
+        request = quantity(f"spec.runtime.resources.requests.{resource}", requests[resource])
+        if quantity(field, limits[resource]) < request:
+            raise InvalidSpec(
+                field,
+                f"{limits[resource]!r} is below requests.{resource} {requests[resource]!r}; "
+                "Kubernetes refuses such a pod",
+                f"Raise the limit to at least {requests[resource]} or lower the request",
+            )
 
 
 def _model(model: Mapping[str, Any]) -> ModelSource:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InvalidSpec
 from ..manifests import CONFIG_HASH_KEY, DEPLOY_CONFIG_FILE, Owner, owner_reference, selector_labels
+from ..names import LASTGOOD_SUFFIX
 from ..serving_config import ServingConfig
 from ..spec import SpeechSpec, parse_spec
 
@@ -35,7 +36,7 @@ class LastGood:
 
 
 def lastgood_name(owner: Owner) -> str:
-    return f"{owner.name}-deploy-config-lastgood"
+    return f"{owner.name}{LASTGOOD_SUFFIX}"
 
 
 def build_lastgood_configmap(owner: Owner, record: LastGood) -> dict[str, Any]:
