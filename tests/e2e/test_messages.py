@@ -5,8 +5,8 @@ per reconcile decision."""
 from __future__ import annotations
 
 import pytest
-
 from minicpm_speech_operator.errors import MESSAGE_LIMIT, InvalidSpec
+
 from tests.harness.cluster import Cluster
 from tests.harness.kopf_runner import Operator
 
