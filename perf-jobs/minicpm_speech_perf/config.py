@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from minicpm_speech_contract.bounded import BoundedInputError, load_json, load_yaml
 
 from . import protocol
 
@@ -178,7 +179,10 @@ def load_mapping(path: Path) -> Mapping[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = (load_json(text, field=str(path)) if path.suffix == ".json"
+                else load_yaml(text, field=str(path)))
+    except BoundedInputError as exc:
+        raise ConfigError(str(exc)) from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         kind = "JSON" if path.suffix == ".json" else "YAML"
         raise ConfigError(f"{path}: not valid {kind}: {exc}") from None

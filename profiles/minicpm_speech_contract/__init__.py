@@ -6,7 +6,10 @@
   the pod.
 - :mod:`.termination`: the result a perf Job leaves in its termination message.
 - :mod:`.paths`: walking a key path through a parsed document.
+- :mod:`.bounded`: reading a user's YAML or JSON within limits on size, depth, nodes and
+  aliases, refused before anything expands.
 
-A leaf: it imports the standard library only, never torch, kopf or either side's errors.
+A leaf: it imports the standard library and PyYAML only, never torch, kopf or either side's
+errors.
 Each program turns the problems found here into its own error.
 """

@@ -77,6 +77,17 @@ def _deploy_unparseable(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
     return pod.args(deploy=pod.deploy_config(text="stages: [\n  - {stage_id: 0\n"))
 
 
+def _deploy_alias_bomb(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi",
+                                                                  strict=True)]
+    return pod.args(deploy=pod.deploy_config(text="\n".join(lines) + "\n"))
+
+
+def _deploy_too_deep(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
+    return pod.args(deploy=pod.deploy_config(text="stages: " + "[" * 500 + "]" * 500 + "\n"))
+
+
 def _deploy_not_mapping(pod: Pod, mp: pytest.MonkeyPatch) -> list[str]:
     return pod.args(deploy=pod.deploy_config(text="- 1\n- 2\n"))
 
@@ -166,6 +177,8 @@ CASES: dict[str, tuple[Case, str, int]] = {
     "deploy config missing": (_deploy_missing, "absent.yaml does not exist", 1),
     "deploy config unparseable": (_deploy_unparseable, "is not valid YAML at line", 1),
     "deploy config not a mapping": (_deploy_not_mapping, "is not a mapping", 1),
+    "deploy config alias bomb": (_deploy_alias_bomb, "limit of 16 YAML aliases (max_aliases)", 1),
+    "deploy config too deep": (_deploy_too_deep, "limit of 32 levels", 1),
     "deploy config wrong type": (
         _deploy_wrong_type,
         "connectors.connector_of_shared_memory.extra.micro_batch_size: wrong type: expected"

@@ -1,11 +1,12 @@
-"""The bundled profiles, and a profile's YAML parsed with a loader that refuses duplicate keys."""
+"""The bundled profiles, and a profile's YAML parsed within the contract's input limits
+(:mod:`minicpm_speech_contract.bounded`) by a loader that refuses duplicate keys."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
 import yaml
+from minicpm_speech_contract.bounded import BoundedInputError, load_yaml
 
 from minicpm_speech_operator.assets import asset_dir
 
@@ -31,31 +32,15 @@ def load_bundled_profile(name: str) -> dict[str, Any]:
     return parse_profile_text(text, field=f"spec.profile (bundled profile {name})")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A safe loader that refuses a key written twice in one mapping."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            if isinstance(key, Hashable):
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def parse_profile_text(text: str, *, field: str) -> dict[str, Any]:
-    """Parse a profile written as YAML (for example a ConfigMap's value)."""
+    """Parse a profile written as YAML (for example a ConfigMap's value).
+
+    Input over the size, depth, node or alias limits is refused before anything expands.
+    """
     try:
-        doc = yaml.load(text, Loader=_StrictLoader)
+        doc = load_yaml(text, field=field)
+    except BoundedInputError as error:
+        raise ProfileError(field, error.message, error.fix) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import jsonschema
 from jsonschema.exceptions import ValidationError
 from minicpm_speech_contract import extras as extras_contract
+from minicpm_speech_contract.bounded import BoundedInputError, check_parsed
 
 from minicpm_speech_operator.assets import asset_dir
 from minicpm_speech_operator.errors import InvalidSpec
@@ -57,8 +58,14 @@ def validate_profile(doc: dict[str, Any], *, field: str) -> None:
     """Check a profile, or a user's partial overrides, against ``profiles/schema.json``.
 
     The first problem, in path order, is raised as a :class:`ProfileError` naming
-    ``field`` plus the path into ``doc``.
+    ``field`` plus the path into ``doc``. A document over the contract's input limits
+    (depth, size, nodes) is refused first, so neither jsonschema's recursive walk nor an error
+    message quoting the document can run away.
     """
+    try:
+        check_parsed(doc, field=field)
+    except BoundedInputError as error:
+        raise ProfileError(error.field, error.message, error.fix) from None
     errors = sorted(_validator().iter_errors(doc), key=_error_order)
     if errors:
         raise _explain(errors[0], doc, field)

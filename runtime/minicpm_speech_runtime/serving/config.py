@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 from minicpm_speech_contract import supervisor
+from minicpm_speech_contract.bounded import BoundedInputError, load_yaml
 from minicpm_speech_contract.extras import EXTRA_PATH, first_problem
 from minicpm_speech_contract.paths import dig
 from minicpm_speech_contract.supervisor import ServerCommand
@@ -180,7 +181,9 @@ def load_deploy_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise StartupError(f"deploy config {path} does not exist")
     try:
-        document = yaml.safe_load(path.read_text())
+        document = load_yaml(path.read_text(), field=f"deploy config {path}")
+    except BoundedInputError as exc:
+        raise StartupError(str(exc)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
