@@ -62,3 +62,64 @@ def connection_from_environment(**_: Any) -> kopf.ConnectionInfo:
         certificate_path=config.cert_file,
         private_key_path=config.key_file,
     )
+
+
+# How long `minicpm-speech operator` waits for the API server before it says it cannot reach
+# it: (connect, read) seconds, no retries, so a dead address fails in well under 10 s.
+PROBE_TIMEOUT_S = (3.0, 5.0)
+
+
+class ClusterUnreachable(Exception):
+    """The operator cannot talk to its API server; ``str()`` is one line: the problem, then
+    the fix."""
+
+
+def _settings_source() -> str:
+    path = os.environ.get("KUBECONFIG")
+    if path:
+        return f"KUBECONFIG={path}"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "the pod's in-cluster service account"
+    return "~/.kube/config (KUBECONFIG is not set)"
+
+
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    reason = getattr(error, "reason", None)  # urllib3 keeps the cause of a failed retry here
+    text = " ".join(str(reason if isinstance(reason, BaseException) else error).split())
+    text = text.rstrip(".") or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_api_server(timeout: tuple[float, float] = PROBE_TIMEOUT_S) -> str:
+    """Load the client settings and ask the API server for its version, once, with
+    ``timeout``; returns the server's address or raises :class:`ClusterUnreachable`.
+    Any HTTP answer (even 401 or 404) counts: the server is there."""
+    from kubernetes.client.exceptions import ApiException
+
+    source = _settings_source()
+    path = os.environ.get("KUBECONFIG")
+    if path and not os.path.isfile(path):
+        raise ClusterUnreachable(
+            f"KUBECONFIG={path} names no file. Fix: point KUBECONFIG at the kubeconfig file of "
+            "the cluster (kubectl config view --raw > FILE writes one)")
+    try:
+        config = load_configuration()
+    except Exception as error:  # FileNotFoundError, ConfigException, a malformed file
+        raise ClusterUnreachable(
+            f"cannot load the Kubernetes client settings from {source}: {_one_line(error)}. "
+            "Fix: set KUBECONFIG to a readable kubeconfig file of the cluster, or run the "
+            "operator in a pod (in-cluster service account)") from None
+    config.retries = 0
+    client = kubernetes.client.ApiClient(configuration=config)
+    try:
+        kubernetes.client.VersionApi(client).get_code(_request_timeout=timeout)
+    except ApiException:
+        pass  # it answered
+    except Exception as error:
+        raise ClusterUnreachable(
+            f"the Kubernetes API server at {config.host} (from {source}) does not answer: "
+            f"{_one_line(error)}. Fix: check that the cluster is up and reachable from here, "
+            "and that KUBECONFIG names its current address and context") from None
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    return str(config.host)

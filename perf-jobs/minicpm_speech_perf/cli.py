@@ -24,7 +24,6 @@ from . import __version__
 from .config import ConfigError, load_mapping, parse_quality, parse_sweep
 from .dataset import DatasetError
 from .protocol import ProtocolError
-from .rescore import AsrModelError, WavError
 from .results import ResultFormatError
 
 BAD_INPUT = 2
@@ -35,11 +34,20 @@ _INPUT_ERRORS = (
     DatasetError,
     ProtocolError,
     ResultFormatError,
-    WavError,
-    AsrModelError,
     ValueError,
     OSError,
 )
+PERF_EXTRA = "pip install 'minicpm-speech[perf]'"
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean bad input. The re-scorer's live in a module that needs the
+    ``perf`` extra (numpy, jiwer), imported only by the commands that use it, so that
+    ``--help`` and the other commands run without it; if it was imported, they count too."""
+    rescore = sys.modules.get(f"{__package__}.rescore")
+    if rescore is None:
+        return _INPUT_ERRORS
+    return (*_INPUT_ERRORS, rescore.WavError, rescore.AsrModelError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -197,7 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return handlers[name](args)
-    except _INPUT_ERRORS as exc:
+    except ModuleNotFoundError as exc:
+        print(f"perf-jobs {name}: error: needs the module {exc.name!r} of the perf extra; "
+              f"install it with: {PERF_EXTRA}", file=sys.stderr)
+        return BAD_INPUT
+    except _input_errors() as exc:
         line = " ".join(str(exc).split())
         print(f"perf-jobs {name}: error: {line}", file=sys.stderr)
         return BAD_INPUT

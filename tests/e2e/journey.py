@@ -18,7 +18,9 @@ HASH_LABEL = "serving.minicpm-speech.io/config-hash"
 
 
 def example_spec(file: str = "minicpmspeech.yaml") -> dict[str, Any]:
-    spec: dict[str, Any] = yaml.safe_load((EXAMPLES / file).read_text())["spec"]
+    # An example may hold the Secrets it refers to before the resource itself.
+    documents = yaml.safe_load_all((EXAMPLES / file).read_text())
+    spec: dict[str, Any] = next(d for d in documents if d and d["kind"] == "MiniCPMSpeech")["spec"]
     return spec
 
 

@@ -265,13 +265,37 @@ class Supervisor:
                 return
 
 
+OPTIONS = """
+options of serve (before the --):
+  --health-port PORT                 /readyz, /livez and /metrics (required)
+  --server-port PORT                 the port the server command listens on (required)
+  --mps | --no-mps                   start NVIDIA MPS before the server (one is required)
+  --mps-active-thread-percentage N   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the daemon
+  --precapture | --no-precapture     capture every CUDA graph in the warm-up (one is required)
+  --grace-seconds S                  after SIGTERM, how long the server may take to stop
+  --warmup-requests N                requests the warm-up sends
+  --warmup-timeout-seconds S         how long the warm-up may take
+  -h, --help                         show this help and exit
+"""
+
+
+def _wants_help(argv: Sequence[str]) -> bool:
+    """``-h``/``--help`` among the supervisor's own arguments (never the server command's)."""
+    own = argv[: list(argv).index("--")] if "--" in argv else argv
+    return any(arg in ("-h", "--help") for arg in own)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if _wants_help(args):
+        print(f"usage: {PROG} serve [options] -- COMMAND...\n\n{__doc__}{OPTIONS}", end="")
+        return 0
     logging.basicConfig(
         level=os.environ.get("MINICPM_SPEECH_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        config = validate(parse_args(list(sys.argv[1:] if argv is None else argv)))
+        config = validate(parse_args(args))
     except StartupError as exc:
         return _fail(str(exc), exc.code)
     return Supervisor(config).run()
