@@ -207,10 +207,13 @@ class Problem(NamedTuple):
         return f"{where}: {self.message}. {self.fix}"
 
 
-def problems(extras: Any, *, vllm_omni_internal: bool = False) -> Iterator[Problem]:
+def problems(extras: Any, *, vllm_omni_internal: bool = False,
+             other_keys: bool = False) -> Iterator[Problem]:
     """Every problem with ``extras``, each key's own first, then the rules across keys, then
     what the batched engine refuses. ``vllm_omni_internal`` admits the keys a profile may not
-    set (the pod reads hand-written deploy configs too)."""
+    set (the pod reads hand-written deploy configs too); ``other_keys`` passes over keys this
+    contract does not know, for the extras vLLM-Omni hands its stage, which carry its base
+    config's own connector settings beside the overlay's."""
     if not isinstance(extras, Mapping):
         yield Problem((), f"must be a mapping, got {_type_of(extras)}",
                       "Write the extras as a mapping of option names to values.")
@@ -219,6 +222,8 @@ def problems(extras: Any, *, vllm_omni_internal: bool = False) -> Iterator[Probl
     bad: set[str] = set()
     for key in sorted(extras, key=str):
         if key not in allowed:
+            if other_keys and key not in BY_NAME:
+                continue
             bad.add(str(key))
             yield _unknown(str(key), sorted(allowed))
             continue
@@ -231,8 +236,10 @@ def problems(extras: Any, *, vllm_omni_internal: bool = False) -> Iterator[Probl
     yield from _rules(Code2WavExtras.of(extras), extras)
 
 
-def first_problem(extras: Any, *, vllm_omni_internal: bool = False) -> Problem | None:
-    return next(problems(extras, vllm_omni_internal=vllm_omni_internal), None)
+def first_problem(extras: Any, *, vllm_omni_internal: bool = False,
+                  other_keys: bool = False) -> Problem | None:
+    return next(problems(extras, vllm_omni_internal=vllm_omni_internal, other_keys=other_keys),
+                None)
 
 
 def json_schema() -> dict[str, Any]:

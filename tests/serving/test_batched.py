@@ -251,6 +251,16 @@ def test_engine_config_maps_the_extras() -> None:
     assert isinstance(engine_config({}, CPU), EngineConfig)
 
 
+def test_the_stage_extras_carry_vllm_omnis_own_connector_keys() -> None:
+    """In the stage, the extras are vLLM-Omni's base config merged with the overlay; its own
+    connector settings are not this project's to refuse, while a value of ours still is."""
+    base_keys = {"connector_get_max_wait": 5, "shm_threshold_bytes": 65536}
+    config = engine_config({"batched_code2wav": True, "micro_batch_size": 2, **base_keys}, CPU)
+    assert config.micro_batch == 2
+    with pytest.raises(UnsupportedOption, match="micro_batch_size"):
+        engine_config({"batched_code2wav": True, "micro_batch_size": 0, **base_keys}, CPU)
+
+
 @pytest.mark.parametrize(("extra", "key", "why"), [
     ({"token2wav_float16": True}, "token2wav_float16", "is not supported"),
     ({"codec_chunk_frames": 10}, "codec_chunk_frames", "is not supported"),

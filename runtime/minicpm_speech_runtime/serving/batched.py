@@ -46,7 +46,10 @@ def engine_config(
     stage's ``max_num_seqs``, and bounds ``micro_batch`` too; when the stage does not say, it
     is 8 or ``micro_batch_size`` if larger.
     """
-    problem = first_problem({**extras, "batched_code2wav": True}, vllm_omni_internal=True)
+    # the stage's extras are vLLM-Omni's base config merged with the overlay: keys of the
+    # base's own (connector_get_max_wait, ...) are vLLM-Omni's, not this check's
+    problem = first_problem({**extras, "batched_code2wav": True}, vllm_omni_internal=True,
+                            other_keys=True)
     if problem is not None:
         raise UnsupportedOption(problem.line())
     settings = Code2WavExtras.of(extras)
