@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
+
+from .describe import show, type_of
 
 EXTRA_PATH = ("connectors", "connector_of_shared_memory", "extra")
 
@@ -215,7 +216,7 @@ def problems(extras: Any, *, vllm_omni_internal: bool = False,
     contract does not know, for the extras vLLM-Omni hands its stage, which carry its base
     config's own connector settings beside the overlay's."""
     if not isinstance(extras, Mapping):
-        yield Problem((), f"must be a mapping, got {_type_of(extras)}",
+        yield Problem((), f"must be a mapping, got {type_of(extras)}",
                       "Write the extras as a mapping of option names to values.")
         return
     allowed = set(BY_NAME) if vllm_omni_internal else set(SETTABLE)
@@ -267,11 +268,11 @@ def _unknown(key: str, allowed: list[str]) -> Problem:
 def _value_problem(extra: Extra, value: Any) -> Problem | None:
     if extra.kind == "any":
         return None
-    shown = _cap(_show(value))
+    shown = _cap(show(value))
     if not _has_kind(value, extra.kind):
         word = {"integer-list": "list of integers", "number": "number"}.get(extra.kind,
                                                                              extra.kind)
-        return Problem((extra.name,), f"wrong type: expected {word}, got {_type_of(value)} "
+        return Problem((extra.name,), f"wrong type: expected {word}, got {type_of(value)} "
                        f"{shown}", _type_fix(extra))
     if extra.kind == "integer-list":
         if not value or (extra.max_items is not None and len(value) > extra.max_items):
@@ -282,12 +283,12 @@ def _value_problem(extra: Extra, value: Any) -> Problem | None:
                            "List each value once.")
         wrong = [v for v in value if extra.choices and v not in extra.choices]
         if wrong:
-            return Problem((extra.name,), f"{_show(wrong[0])} is not an allowed value",
-                           f"Use values from: {', '.join(map(_show, extra.choices or ()))}.")
+            return Problem((extra.name,), f"{show(wrong[0])} is not an allowed value",
+                           f"Use values from: {', '.join(map(show, extra.choices or ()))}.")
         return None
     if extra.choices is not None and value not in extra.choices:
         return Problem((extra.name,), f"{shown} is not an allowed value",
-                       f"Use one of: {', '.join(map(_show, extra.choices))}.")
+                       f"Use one of: {', '.join(map(show, extra.choices))}.")
     low, high, above = extra.minimum, extra.maximum, extra.exclusive_minimum
     if (low is not None and value < low) or (high is not None and value > high) or (
             above is not None and value <= above):
@@ -319,9 +320,9 @@ def _rules(settings: Code2WavExtras, given: Mapping[str, Any]) -> Iterator[Probl
             if given[extra.name] != allowed:
                 yield Problem(
                     (extra.name, "batched_code2wav"),
-                    f"{extra.name}={_show(given[extra.name])} is not supported with "
+                    f"{extra.name}={show(given[extra.name])} is not supported with "
                     f"batched_code2wav: {why}",
-                    f"Remove {extra.name} or set it to {_show(allowed)}, or turn "
+                    f"Remove {extra.name} or set it to {show(allowed)}, or turn "
                     "batched_code2wav off.")
 
 
@@ -347,34 +348,19 @@ def _type_fix(extra: Extra) -> str:
         whole = "a whole number" if extra.kind == "integer" else "a number"
         return f"Set it to {whole} {_range_words(extra)}, without quotes."
     if extra.kind == "integer-list":
-        return f"Write it as a list of values from: {', '.join(map(_show, extra.choices or ()))}."
+        return f"Write it as a list of values from: {', '.join(map(show, extra.choices or ()))}."
     if extra.choices:
-        return f"Set it to one of: {', '.join(map(_show, extra.choices))}."
+        return f"Set it to one of: {', '.join(map(show, extra.choices))}."
     return "Set it to a string."
 
 
 def _range_words(extra: Extra) -> str:
     low, high, above = extra.minimum, extra.maximum, extra.exclusive_minimum
     if low is not None and high is not None:
-        return f"from {_show(low)} to {_show(high)}"
+        return f"from {show(low)} to {show(high)}"
     if above is not None and high is not None:
-        return f"above {_show(above)} and at most {_show(high)}"
+        return f"above {show(above)} and at most {show(high)}"
     return "in range"
-
-
-def _type_of(value: Any) -> str:
-    for kind, word in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
-                       (Mapping, "mapping"), (list, "list"), (type(None), "null")):
-        if isinstance(value, kind):
-            return word
-    return type(value).__name__
-
-
-def _show(value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
 
 
 def _cap(text: str) -> str:

@@ -7,10 +7,11 @@ from typing import Any
 
 import yaml
 from minicpm_speech_contract.bounded import BoundedInputError, load_yaml
+from minicpm_speech_contract.describe import type_of
 
 from minicpm_speech_operator.assets import asset_dir
 
-from .validation import ProfileError, _type_of
+from .validation import ProfileError
 
 
 def bundled_profile_names() -> list[str]:
@@ -62,7 +63,7 @@ def parse_profile_text(text: str, *, field: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ProfileError(
             field,
-            f"must be a mapping of deploy-config keys, got {_type_of(doc)}",
+            f"must be a mapping of deploy-config keys, got {type_of(doc)}",
             "Write the profile as a mapping with stages, platforms and connectors at the top.",
         )
     return doc

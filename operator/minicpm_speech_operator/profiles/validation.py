@@ -17,6 +17,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 from minicpm_speech_contract import extras as extras_contract
 from minicpm_speech_contract.bounded import BoundedInputError, check_parsed
+from minicpm_speech_contract.describe import show, type_of
 
 from minicpm_speech_operator.assets import asset_dir
 from minicpm_speech_operator.errors import InvalidSpec
@@ -124,10 +125,10 @@ def _explain(error: ValidationError, doc: Any, field: str) -> ProfileError:
     where = field + _render_path(doc, path)
     if kind == "type":
         expected = _TYPE_WORDS.get(str(error.validator_value), str(error.validator_value))
-        shown = f" {_show(value)}" if not isinstance(value, dict | list) else ""
+        shown = f" {show(value)}" if not isinstance(value, dict | list) else ""
         return ProfileError(
             where,
-            f"wrong type: expected {expected}, got {_type_of(value)}{shown}",
+            f"wrong type: expected {expected}, got {type_of(value)}{shown}",
             _type_fix(expected, schema),
         )
     if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
@@ -139,13 +140,13 @@ def _explain(error: ValidationError, doc: Any, field: str) -> ProfileError:
         }[kind]
         return ProfileError(
             where,
-            f"out of range: {_show(value)} is {relation} {_show(error.validator_value)}",
+            f"out of range: {show(value)} is {relation} {show(error.validator_value)}",
             f"Set it to a value {_range_words(schema)}.",
         )
     if kind == "enum":
-        options = ", ".join(_show(option) for option in error.validator_value)
+        options = ", ".join(show(option) for option in error.validator_value)
         return ProfileError(
-            where, f"{_show(value)} is not an allowed value", f"Use one of: {options}."
+            where, f"{show(value)} is not an allowed value", f"Use one of: {options}."
         )
     if kind == "uniqueItems":
         return ProfileError(where, "lists a value more than once", "List each value once.")
@@ -167,7 +168,7 @@ def _type_fix(expected: str, schema: Mapping[str, Any]) -> str:
     if expected == "boolean":
         return "Set it to true or false, without quotes."
     if expected == "string" and "enum" in schema:
-        return f"Set it to one of: {', '.join(_show(o) for o in schema['enum'])}."
+        return f"Set it to one of: {', '.join(show(o) for o in schema['enum'])}."
     if expected == "mapping":
         return "Write it as a mapping of keys to values."
     if expected == "list":
@@ -180,41 +181,16 @@ def _range_words(schema: Mapping[str, Any]) -> str:
     high = schema.get("maximum")
     above = schema.get("exclusiveMinimum")
     if low is not None and high is not None:
-        return f"from {_show(low)} to {_show(high)}"
+        return f"from {show(low)} to {show(high)}"
     if above is not None and high is not None:
-        return f"above {_show(above)} and at most {_show(high)}"
+        return f"above {show(above)} and at most {show(high)}"
     if high is not None:
-        return f"of at most {_show(high)}"
+        return f"of at most {show(high)}"
     if low is not None:
-        return f"of at least {_show(low)}"
+        return f"of at least {show(low)}"
     if above is not None:
-        return f"above {_show(above)}"
+        return f"above {show(above)}"
     return "in range"
-
-
-def _type_of(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, dict):
-        return "mapping"
-    if isinstance(value, list):
-        return "list"
-    if value is None:
-        return "null"
-    return type(value).__name__
-
-
-def _show(value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
 
 
 # --- paths ---------------------------------------------------------------------------
@@ -244,7 +220,7 @@ def _render_path(doc: Any, path: Sequence[_PathStep]) -> str:
                 out += f"[{step}]"
             node = item
         else:
-            out += f".{step}" if _IDENTIFIER.match(str(step)) else f"[{_show(str(step))}]"
+            out += f".{step}" if _IDENTIFIER.match(str(step)) else f"[{show(str(step))}]"
             node = node.get(step) if isinstance(node, dict) else None
         walked.append(step)
     return out

@@ -62,6 +62,9 @@ class StartupError(Exception):
 
 @dataclass(frozen=True)
 class SupervisorConfig:
+    """The command line's options (:class:`~minicpm_speech_contract.supervisor.SupervisorArgs`,
+    field for field), the server command, and the extras its deploy config carries."""
+
     health_port: int
     server_port: int
     mps: bool
@@ -91,17 +94,8 @@ def parse_args(argv: Sequence[str]) -> SupervisorConfig:
             f"{args.server_port}",
             code=2,
         )
-    return SupervisorConfig(
-        health_port=args.health_port,
-        server_port=args.server_port,
-        mps=args.mps,
-        mps_active_thread_percentage=args.mps_active_thread_percentage,
-        precapture=args.precapture,
-        grace_seconds=args.grace_seconds,
-        warmup_requests=args.warmup_requests,
-        warmup_timeout_seconds=args.warmup_timeout_seconds,
-        server=server,
-    )
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    return SupervisorConfig(**options, server=server)
 
 
 # ------------------------------------------------------------------------- environment
