@@ -440,14 +440,17 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             if found is None:
                 raise _error(404, "NotFound", f"{resource.plural} {request.name!r} not found")
             return found
+        dry_run = _dry_run(request, verb)
         async with self._lock:
             if verb == "create":
                 body = request.data if isinstance(request.data, dict) else {}
                 namespace = request.namespace or body.get("metadata", {}).get("namespace")
-                return await self._create(resource, namespace, body)
+                return await self._create(resource, namespace, body, dry_run=dry_run)
             if verb in ("patch", "update"):
-                return await self._update(request, replace=verb == "update")
+                return await self._update(request, replace=verb == "update", dry_run=dry_run)
             if verb == "delete":
+                if dry_run:
+                    return await self._answer(request, "get")
                 return await self._delete(self._key(request), orphan=_orphans(request))
             if verb == "deletecollection":
                 keys = [key for key, _ in self._matching(request)]
@@ -524,7 +527,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self._history[resource].append(event)
         await self._buses[resource].put(event)
 
-    async def _create(self, resource: kmock.resource, namespace: str | None, body: Body) -> Body:
+    async def _create(self, resource: kmock.resource, namespace: str | None, body: Body,
+                      dry_run: bool = False) -> Body:
         meta = body.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
@@ -556,6 +560,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if self._has_status(resource):
             body.pop("status", None)  # the server ignores status on create, as on the main object
         body.update(_initial_status(resource, body))
+        if dry_run:
+            return body  # validated and answered as stored, but not stored
         if resource == CRDS:
             self._serve_crd(body)
         if key in self._objects:
@@ -570,7 +576,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             await self._delete(key, orphan=False)
         return body
 
-    async def _update(self, request: kmock.Request, *, replace: bool) -> Body:
+    async def _update(self, request: kmock.Request, *, replace: bool, dry_run: bool = False
+                      ) -> Body:
         key = self._key(request)
         found = self._live(key)
         if found is None:
@@ -629,6 +636,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             raise _invalid(self._kind(key[0], new), key[2], causes)
         if _spec_part(new) != _spec_part(old):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        if dry_run:
+            return new
         meta["resourceVersion"] = self._next_version()
         self._objects[key].history.append(new)
         await self._emit(key[0], "MODIFIED", new)
@@ -729,6 +738,16 @@ def _version(event: Body) -> int:
 def _is_resource_request(request: kmock.Request) -> bool:
     # Discovery URLs (/api, /apis/GROUP/VERSION, ...) parse to a resource without a plural.
     return request.resource is not None and bool(request.resource.plural)
+
+
+def _dry_run(request: kmock.Request, verb: str) -> bool:
+    """``?dryRun=All``: validated, admitted and answered, never stored. The API server accepts
+    no other value."""
+    value = request.params.get("dryRun")
+    if value is not None and (value != "All" or verb not in ("create", "patch", "update",
+                                                              "delete")):
+        raise _error(400, "BadRequest", f"dryRun must be All for {verb}, not {value[:64]!r}")
+    return value is not None
 
 
 def _orphans(request: kmock.Request) -> bool:

@@ -3,11 +3,18 @@
 Only the fields the operator sets are compared: the API server adds defaults, and other
 controllers (or a user's `kubectl rollout restart`) add keys that are theirs to keep.
 A field the operator sets and someone changed is restored.
+
+Writing is split in three so that a set of children is written all or none: :func:`plan`
+reads and decides each child's write (and finds a conflict before anything is written),
+:func:`rehearse` sends every write as a server-side dry run, which meets the API server's
+validation and its admission webhooks and policies, and only then :func:`carry_out` writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from minicpm_speech_contract.paths import dig
@@ -78,16 +85,27 @@ def _put(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     obj[path[-1]] = value
 
 
-async def apply(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> tuple[Any, Action]:
+@dataclass(frozen=True, slots=True)
+class Write:
+    """What converging one child takes: its create, its merge patch, or nothing."""
+
+    desired: dict[str, Any]
+    live: dict[str, Any] | None
+    patch: dict[str, Any] | None  # None with a live object: unchanged
+
+    @property
+    def action(self) -> Action:
+        if self.live is None:
+            return "created"
+        return "unchanged" if self.patch is None else "updated"
+
+
+async def plan(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> Write:
+    """Read the child and decide its write; a child someone else owns stops everything."""
     kind, meta = desired["kind"], desired["metadata"]
     live = await api.get(kind, meta["namespace"], meta["name"])
     if live is None:
-        try:
-            return await api.create(desired), "created"
-        except AlreadyExists:
-            live = await api.get(kind, meta["namespace"], meta["name"])
-            if live is None:
-                raise
+        return Write(desired, None, None)
     if not is_controlled_by(live, owner_uid):
         raise ChildConflict(
             f"{kind} {meta['name']}",
@@ -95,6 +113,47 @@ async def apply(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> tuple[
             "Delete or rename that object, or give this MiniCPMSpeech another name",
         )
     if is_subset(desired, live) and not stale_keys(desired, live):
-        return live, "unchanged"
-    patched = await api.patch(kind, meta["namespace"], meta["name"], merge_patch(desired, live))
+        return Write(desired, live, None)
+    return Write(desired, live, merge_patch(desired, live))
+
+
+async def rehearse(api: KubeApi, write: Write) -> None:
+    """The write as a dry run: a child the server would refuse raises here, stores nothing."""
+    meta = write.desired["metadata"]
+    if write.live is None:
+        # created since plan(): carry_out() patches it instead
+        with contextlib.suppress(AlreadyExists):
+            await api.create(write.desired, dry_run=True)
+    elif write.patch is not None:
+        await api.patch(write.desired["kind"], meta["namespace"], meta["name"], write.patch,
+                        dry_run=True)
+
+
+async def carry_out(api: KubeApi, write: Write, owner_uid: str) -> tuple[Any, Action]:
+    if write.live is None:
+        try:
+            return await api.create(write.desired), "created"
+        except AlreadyExists:  # a racing writer created it: converge onto that one
+            write = await plan(api, write.desired, owner_uid)
+            if write.live is None:
+                raise
+    if write.patch is None:
+        return write.live, "unchanged"
+    meta = write.desired["metadata"]
+    patched = await api.patch(write.desired["kind"], meta["namespace"], meta["name"],
+                              write.patch)
     return patched, "updated"
+
+
+async def apply(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> tuple[Any, Action]:
+    """One child, planned and written; a set of children goes through :func:`apply_all`."""
+    return await carry_out(api, await plan(api, desired, owner_uid), owner_uid)
+
+
+async def apply_all(api: KubeApi, children: list[dict[str, Any]], owner_uid: str
+                    ) -> list[tuple[Any, Action]]:
+    """Every child written, or none: each write is rehearsed before the first is made."""
+    writes = [await plan(api, child, owner_uid) for child in children]
+    for write in writes:
+        await rehearse(api, write)
+    return [await carry_out(api, write, owner_uid) for write in writes]

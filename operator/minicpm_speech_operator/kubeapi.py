@@ -91,11 +91,12 @@ class KubeApi:
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._absent_as_none(self._verbs[kind].read, name, namespace)
 
-    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """``dry_run``: the server validates and admits the object but stores nothing."""
         verbs = self._verbs[body["kind"]]
         try:
             created: dict[str, Any] = await self._call(
-                verbs.create, body["metadata"]["namespace"], body)
+                verbs.create, body["metadata"]["namespace"], body, **_dry(dry_run))
             return created
         except ApiException as error:
             if error.status == 409:
@@ -104,10 +105,11 @@ class KubeApi:
                 raise refused(body["kind"], body["metadata"]["name"], error) from error
             raise
 
-    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> Any:
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
+                    dry_run: bool = False) -> Any:
         try:
             return await self._call(self._verbs[kind].patch, name, namespace, patch,
-                                    _content_type=MERGE_PATCH)
+                                    _content_type=MERGE_PATCH, **_dry(dry_run))
         except ApiException as error:
             if error.status in REFUSALS:
                 raise refused(kind, name, error) from error
@@ -168,6 +170,10 @@ class KubeApi:
                 return None
             raise
         return found
+
+
+def _dry(dry_run: bool) -> dict[str, str]:
+    return {"dry_run": "All"} if dry_run else {}
 
 
 def _verbs(api: Any, suffix: str) -> _Verbs:

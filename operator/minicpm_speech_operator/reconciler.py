@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import metrics
-from .apply import ChildConflict, apply, is_controlled_by
+from .apply import ChildConflict, apply, apply_all, is_controlled_by
 from .errors import InvalidSpec, capped
 from .kubeapi import AlreadyExists, KubeApi
 from .manifests import (
@@ -106,12 +106,16 @@ class Reconciler:
         deployment = None
         try:
             children = build_children(owner, serve_spec, serve_cfg)
-            check_children(children)  # all or none: what the server would refuse stops here
+            check_children(children)  # what the operator knows the server would refuse
             for child in children:
                 if child["kind"] == "Deployment" and perf.scale_to_zero:
                     # Only the count: the strategy stays the one for the user's replicas.
                     child["spec"]["replicas"] = 0
-                live, action = await apply(self._api, child, owner.uid)
+            # All or none: what the server or its admission would refuse stops here, before
+            # the first write, the benchmark Jobs included.
+            await self._rehearse_jobs(owner, perf)
+            for child, (live, action) in zip(
+                    children, await apply_all(self._api, children, owner.uid), strict=True):
                 changes.append((child["kind"], child["metadata"]["name"], action))
                 if child["kind"] == "Deployment":
                     deployment = live
@@ -177,6 +181,13 @@ class Reconciler:
         if perf.record is not None:
             await apply(self._api, build_lastgood_configmap(owner, perf.record), owner.uid)
         return events
+
+    async def _rehearse_jobs(self, owner: Owner, perf: PerfPlan) -> None:
+        for request in perf.create:
+            job = build_job(owner, request)
+            if await self._api.get("Job", owner.namespace, job["metadata"]["name"]) is None:
+                with contextlib.suppress(AlreadyExists):
+                    await self._api.create(job, dry_run=True)
 
     async def _ensure_job(self, owner: Owner, request: JobRequest) -> tuple[str, bool]:
         """Look up by name before creating: a restart never starts a second Job."""

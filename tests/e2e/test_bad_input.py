@@ -160,10 +160,11 @@ async def test_an_unowned_object_in_the_way_is_not_touched(cluster: Cluster,
 
 
 
-async def test_a_child_the_server_refuses_is_reported_with_its_reason(
+async def test_a_child_the_server_refuses_is_reported_and_none_is_created(
         cluster: Cluster, operator: Operator) -> None:
-    """The backstop behind the checks made before the first write: the API server refuses a
-    child (422 Invalid) and the status carries the server's reason, capped."""
+    """The backstop behind the operator's own checks: the API server (or an admission policy)
+    refuses the Service, the last child written. The status carries the server's reason,
+    capped, and the ConfigMap and Deployment before it are not left behind."""
     if not cluster.is_emulated:
         pytest.skip("the refusal is injected by the emulator")
     cluster.emulator.inject(Fault("POST", r"/namespaces/[^/]+/services$", status=422,
@@ -174,3 +175,23 @@ async def test_a_child_the_server_refuses_is_reported_with_its_reason(
     assert speech["status"]["phase"] == "Degraded" and degraded["reason"] == "InvalidSpec"
     assert degraded["message"].startswith(f"Service {NAME}: refused by the API server (422)")
     assert "injected 422" in degraded["message"] and len(degraded["message"]) <= MESSAGE_LIMIT
+    assert children(cluster) == {"configmap": None, "deployment": None, "service": None}
+
+
+async def test_an_update_the_server_refuses_for_one_child_changes_none(
+        cluster: Cluster, operator: Operator) -> None:
+    """A new port changes the Deployment and the Service; the server refuses the Service's
+    patch. The Deployment is not rolled to a port its Service would not route to."""
+    if not cluster.is_emulated:
+        pytest.skip("the refusal is injected by the emulator")
+    await create_and_settle(cluster)
+    before = versions(cluster)
+    cluster.emulator.inject(Fault("PATCH", rf"/namespaces/[^/]+/services/{NAME}$", status=422,
+                                  times=10_000))
+    cluster.api.patch_speech(NAME, {"spec": {"runtime": {"port": 8100}}})
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and s["status"]["phase"] == "Degraded" and s,
+        timeout=30, message="the refused update is reported")
+    assert condition(speech, "Degraded")["message"].startswith(
+        f"Service {NAME}: refused by the API server (422)")
+    assert versions(cluster) == before

@@ -103,3 +103,37 @@ async def test_a_body_over_the_object_limit_is_too_large(emulator_api: EmulatorH
     assert (await emulator_api.post(f"{NS}/configmaps", fits))[0] == 201
     status, _ = await emulator_api.patch(f"{NS}/configmaps/fits", big)
     assert status == 413
+
+
+DRY = {"dryRun": "All"}
+
+
+async def test_a_dry_run_create_is_validated_and_answered_but_not_stored(
+        emulator_api: EmulatorHttp) -> None:
+    status, body = await emulator_api.request("POST", f"{NS}/services", service("web"),
+                                              params=DRY)
+    assert status == 201 and body["metadata"]["name"] == "web"
+    assert (await emulator_api.get(f"{NS}/services/web"))[0] == 404
+    status, body = await emulator_api.request("POST", f"{NS}/services", service("my.web"),
+                                              params=DRY)
+    assert_invalid(status, body, "Service", "my.web", "metadata.name")
+
+
+async def test_a_dry_run_patch_or_delete_changes_nothing(emulator_api: EmulatorHttp) -> None:
+    _, stored = await emulator_api.post(f"{NS}/configmaps", {"metadata": {"name": "c"},
+                                                             "data": {"k": "old"}})
+    status, answered = await emulator_api.request(
+        "PATCH", f"{NS}/configmaps/c", {"data": {"k": "new"}}, params=DRY)
+    assert status == 200 and answered["data"] == {"k": "new"}
+    status, _ = await emulator_api.request("DELETE", f"{NS}/configmaps/c", params=DRY)
+    assert status == 200
+    status, live = await emulator_api.get(f"{NS}/configmaps/c")
+    assert status == 200 and live == stored
+
+
+async def test_a_dry_run_other_than_all_is_a_bad_request(emulator_api: EmulatorHttp) -> None:
+    status, body = await emulator_api.request("POST", f"{NS}/configmaps",
+                                              {"metadata": {"name": "c"}},
+                                              params={"dryRun": "Some"})
+    assert status == 400 and "dryRun must be All" in body["message"]
+    assert (await emulator_api.get(f"{NS}/configmaps/c"))[0] == 404
