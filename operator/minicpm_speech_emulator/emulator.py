@@ -87,6 +87,9 @@ def _error(status: int, reason: str, message: str) -> KubernetesStatusError:
 # Kubernetes' validation rules (k8s.io/apimachinery/pkg/util/validation), kept here and not
 # imported from the operator: the emulator stands for the API server, which owns them.
 MAX_OBJECT_BYTES = 1536 * 1024  # etcd's default request limit, the largest object it stores
+MAX_ANNOTATIONS_BYTES = 256 * 1024  # all of an object's annotations, keys and values together
+# (field, offending value, why): a value of None is a field that is too long as a whole.
+Cause = tuple[str, str | None, str]
 _DNS1123_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"
 _DNS1035_LABEL = "[a-z]([-a-z0-9]*[a-z0-9])?"
@@ -140,6 +143,18 @@ def _label_causes(field: str, labels: Any) -> list[tuple[str, str, str]]:
     return causes
 
 
+def _annotations_causes(body: Mapping[str, Any]) -> list[Cause]:
+    """The API server bounds an object's annotations, keys and values together."""
+    meta = body.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return []
+    size = sum(len(str(key)) + len(str(value)) for key, value in annotations.items())
+    if size <= MAX_ANNOTATIONS_BYTES:
+        return []
+    return [("metadata.annotations", None, f"must have at most {MAX_ANNOTATIONS_BYTES} bytes")]
+
+
 def _labels_causes(body: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """Label maps the API server checks: the object's, its pod template's and its selector's."""
     def part(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -165,15 +180,18 @@ async def _too_large(raw_request: aiohttp.web.BaseRequest) -> bool:
         return True
 
 
-def _invalid(kind: str, name: str, causes: list[tuple[str, str, str]]) -> KubernetesStatusError:
+def _invalid(kind: str, name: str, causes: list[Cause]) -> KubernetesStatusError:
     """422 Invalid, worded and structured as the API server's StatusError."""
-    rendered = [f'{field}: Invalid value: "{value}": {why}' for field, value, why in causes]
+    def said(value: str | None, why: str) -> str:
+        return f"Too long: {why}" if value is None else f'Invalid value: "{value}": {why}'
+
+    rendered = [f"{field}: {said(value, why)}" for field, value, why in causes]
     listed = rendered[0] if len(rendered) == 1 else f"[{', '.join(rendered)}]"
     return KubernetesStatusError(
         status=422, reason="Invalid", message=f'{kind} "{name}" is invalid: {listed}',
         details={"name": name, "kind": kind, "causes": [
-            {"reason": "FieldValueInvalid", "message": f'Invalid value: "{value}": {why}',
-             "field": field} for field, value, why in causes]})
+            {"reason": "FieldValueTooLong" if value is None else "FieldValueInvalid",
+             "message": said(value, why), "field": field} for field, value, why in causes]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -541,7 +559,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         )
         if namespaced and not namespace:
             raise _error(422, "Invalid", "a namespaced object needs a namespace")
-        causes = [*_name_causes(resource, meta["name"]), *_labels_causes(body)]
+        causes: list[Cause] = [*_name_causes(resource, meta["name"]), *_labels_causes(body),
+                               *_annotations_causes(body)]
         if causes:
             raise _invalid(self._kind(resource, body), meta["name"], causes)
         key: ObjectKey = (resource, namespace if namespaced else None, meta["name"])
@@ -631,7 +650,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 meta[field] = old["metadata"][field]
         if new == old:
             return old  # a no-op write changes nothing, not even the resourceVersion
-        causes = _labels_causes(new)
+        causes: list[Cause] = [*_labels_causes(new), *_annotations_causes(new)]
         if causes:
             raise _invalid(self._kind(key[0], new), key[2], causes)
         if _spec_part(new) != _spec_part(old):

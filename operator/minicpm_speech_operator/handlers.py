@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 
 from . import kubeapi, metrics, retries
+from .diffbase import DigestDiffBaseStorage
 from .errors import capped
 from .kubeapi import KubeApi
 from .kubeconfig import connection_from_environment, load_configuration
@@ -31,9 +32,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # operator starts, so namespaced mode needs no ClusterRole at all.
     settings.scanning.disabled = True
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage()
     settings.posting.level = logging.INFO
     # Kopf's own API calls: bounded, and retried quickly on a transient error.
     settings.networking.connect_timeout = kubeapi.CONNECT_TIMEOUT_S

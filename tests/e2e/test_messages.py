@@ -4,10 +4,13 @@ per reconcile decision."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
+from minicpm_speech_operator.diffbase import DIFFBASE_KEY
 from minicpm_speech_operator.errors import MESSAGE_LIMIT, InvalidSpec
+from minicpm_speech_operator.manifests import GROUP
 
 from tests.harness.cluster import Cluster
 from tests.harness.kopf_runner import Operator
@@ -48,6 +51,25 @@ async def test_a_huge_value_is_never_echoed_whole(cluster: Cluster, operator: Op
     await cluster.wait_for(lambda: any(e.get("type") == "Warning" for e in events(cluster)),
                            message="a Warning event")
     assert all(len(e.get("message", "")) <= MESSAGE_LIMIT for e in events(cluster))
+
+
+async def test_a_spec_over_the_annotation_limit_is_handled_once(
+        cluster: Cluster, operator: Operator, caplog: pytest.LogCaptureFixture) -> None:
+    """Kopf remembers the last handled spec in an annotation, and the API server bounds an
+    object's annotations at 256 KiB: a 600 KB spec is refused in status once, and what Kopf
+    stores is a digest, not a copy that the server would refuse after every run."""
+    caplog.set_level(logging.INFO, logger="kopf.objects")
+    cluster.api.create_speech(NAME, {**example_spec(), "profileOverrides": huge_override(600_000)})
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and s["metadata"].get("annotations", {}).get(
+            f"{GROUP}/{DIFFBASE_KEY}") and s, message="Kopf's record of the handled spec")
+    assert condition(speech, "Degraded")["reason"] == "InvalidSpec"
+    assert len(speech["metadata"]["annotations"][f"{GROUP}/{DIFFBASE_KEY}"]) < 100
+    await asyncio.sleep(3)  # Kopf retries a failed store after 1 s, then 1 s, 2 s...
+    said = [r.getMessage() for r in caplog.records if f"/{NAME}]" in r.getMessage()
+            or getattr(r, "k8s_ref", {}).get("name") == NAME]
+    assert not [line for line in said if "Throttling" in line or "Unprocessable" in line]
+    assert sum("Creation is processed" in line for line in said) == 1
 
 
 async def test_a_refused_update_says_so_while_the_old_config_serves(

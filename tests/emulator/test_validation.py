@@ -137,3 +137,17 @@ async def test_a_dry_run_other_than_all_is_a_bad_request(emulator_api: EmulatorH
                                               params={"dryRun": "Some"})
     assert status == 400 and "dryRun must be All" in body["message"]
     assert (await emulator_api.get(f"{NS}/configmaps/c"))[0] == 404
+
+
+async def test_annotations_over_256_kib_are_refused(emulator_api: EmulatorHttp) -> None:
+    _, stored = await emulator_api.post(f"{NS}/configmaps", {"metadata": {"name": "c"}})
+    status, body = await emulator_api.patch(
+        f"{NS}/configmaps/c", {"metadata": {"annotations": {"a": "x" * (256 * 1024)}}})
+    assert status == 422 and body["reason"] == "Invalid"
+    assert body["message"] == ('ConfigMap "c" is invalid: metadata.annotations: Too long: '
+                               'must have at most 262144 bytes')
+    assert body["details"]["causes"][0]["reason"] == "FieldValueTooLong"
+    assert (await emulator_api.get(f"{NS}/configmaps/c"))[1] == stored
+    status, _ = await emulator_api.patch(
+        f"{NS}/configmaps/c", {"metadata": {"annotations": {"a": "x" * (256 * 1024 - 1)}}})
+    assert status == 200
