@@ -18,6 +18,7 @@ from minicpm_speech_operator.crd_schema import (
 )
 
 from tests.chart.rendering import EXAMPLES_DIR, KUBE_VERSION, REPO_ROOT, load_crd
+from tests.harness.cel import rule_failures
 
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 API_VERSION = "serving.minicpm-speech.io/v1alpha1"
@@ -32,7 +33,11 @@ def speeches(path: Path) -> list[dict[str, Any]]:
 
 
 def validation_errors(manifest: dict[str, Any]) -> list[str]:
-    return [str(error) for error in manifest_errors(manifest)]
+    """The schema's verdict, then the CEL rules' (evaluated on the defaulted object)."""
+    schema = version_schema()
+    return [*(str(error) for error in manifest_errors(manifest)),
+            *(f"{failure.path}: {failure.message}"
+              for failure in rule_failures(schema, with_defaults(schema, manifest)))]
 
 
 def test_there_are_examples() -> None:

@@ -1,5 +1,7 @@
 """Names every child can carry, and the spec's cross-field rules, judged alike by the CRD's
-schema and CEL rules and by the operator."""
+schema and CEL rules and by the operator. The CEL rules are evaluated, not only read: by a
+CEL interpreter with Kubernetes' quantity library (tests/harness/cel.py), as an API server of
+1.29 or later evaluates them."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ from typing import Any
 
 import pytest
 from minicpm_speech_operator import names
-from minicpm_speech_operator.crd_schema import manifest_errors, version_schema
+from minicpm_speech_operator.crd_schema import manifest_errors, version_schema, with_defaults
 from minicpm_speech_operator.errors import InvalidSpec
 from minicpm_speech_operator.manifests import Owner, build_children, configmap_name
 from minicpm_speech_operator.perf.lastgood import lastgood_name
 from minicpm_speech_operator.serving_config import profile_document, serving_config
 from minicpm_speech_operator.spec import parse_spec, quantity
+
+from tests.harness.cel import rule_failures
 
 from .builders import claim_spec, example_manifest
 
@@ -23,6 +27,19 @@ LONGEST = "a" + "b" * (names.MAX_NAME_LENGTH - 1)
 def rules(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The CEL rules of one schema node, by the field they report."""
     return {rule.get("fieldPath", ""): rule for rule in schema["x-kubernetes-validations"]}
+
+
+def server_refusals(manifest: dict[str, Any]) -> list[str]:
+    """Why an API server would refuse ``manifest``: its schema, then its CEL rules."""
+    schema = version_schema()
+    return [*(error.field for error in manifest_errors(manifest)),
+            *(f"{failure.path}: {failure.message}"
+              for failure in rule_failures(schema, with_defaults(schema, manifest)))]
+
+
+def with_spec(spec: dict[str, Any], name: str = "speech") -> dict[str, Any]:
+    return {**example_manifest(), "metadata": {"name": name, "namespace": "default"},
+            "spec": spec}
 
 
 def runtime_schema() -> dict[str, Any]:
@@ -60,15 +77,18 @@ def test_names_no_service_can_carry_are_refused(name: str, words: str) -> None:
         names.check_resource_name(name)
     assert refused.value.field == "metadata.name" and words in refused.value.message
     assert "at most 63 characters" in refused.value.fix
-    # the CRD's rule, read as Python reads it, says the same
-    assert not (len(name) <= names.MAX_NAME_LENGTH and re.fullmatch(names.NAME_PATTERN, name))
-    manifest = {**example_manifest(), "metadata": {"name": name, "namespace": "default"}}
+    # the CRD's CEL rule, evaluated, says the same
+    manifest = with_spec(example_manifest()["spec"], name)
+    schema = version_schema()
+    failures = rule_failures(schema, with_defaults(schema, manifest))
+    assert [f.message for f in failures] == [schema["x-kubernetes-validations"][0]["message"]]
     assert manifest_errors(manifest)[0].field == "metadata.name"
 
 
 @pytest.mark.parametrize("name", ["s", "speech-2", LONGEST])
 def test_names_every_child_can_carry_pass(name: str) -> None:
     names.check_resource_name(name)
+    assert server_refusals(with_spec(example_manifest()["spec"], name)) == []
     spec = parse_spec(example_manifest()["spec"])
     children = build_children(Owner(name, "default", "uid"), spec,
                               serving_config(spec, profile_document(spec, None)))
@@ -134,6 +154,8 @@ def test_cross_field_rules_refuse(runtime: dict[str, Any], field: str, words: st
     with pytest.raises(InvalidSpec) as refused:
         parse_spec(claim_spec(**runtime))
     assert refused.value.field == field and words in refused.value.message
+    refusals = server_refusals(with_spec(claim_spec(**runtime)))
+    assert len(refusals) == 1 and field.rpartition(".")[2] in refusals[0], refusals
 
 
 def test_a_perf_image_that_is_not_one_is_refused() -> None:
@@ -152,9 +174,12 @@ def test_a_perf_image_that_is_not_one_is_refused() -> None:
     {"resources": {"requests": {"cpu": "500m", "memory": "1G"},
                    "limits": {"cpu": "1", "memory": "1Gi"}}},
     {"resources": {"limits": {"cpu": "1"}}},
+    {"resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                   "limits": {"cpu": "1000m", "memory": "1024Mi"}}},  # equal is enough
 ])
 def test_cross_field_rules_accept(runtime: dict[str, Any]) -> None:
     parse_spec(claim_spec(**runtime))
+    assert server_refusals(with_spec(claim_spec(**runtime))) == []
 
 
 # --- cross-field rules: the CRD ----------------------------------------------------------
