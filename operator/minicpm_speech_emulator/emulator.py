@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import random
 import re
+import sys
 import tempfile
 import threading
 import uuid
@@ -39,6 +40,7 @@ import jsonpointer
 import kmock
 import yaml
 from kmock import Response as _Response  # type: ignore[attr-defined]  # not in __all__
+from minicpm_speech_contract.bounded import API_SERVER_MAX_JSON_DEPTH, json_depth
 
 Body = dict[str, Any]
 ObjectKey = tuple[kmock.resource, str | None, str]
@@ -180,6 +182,12 @@ async def _too_large(raw_request: aiohttp.web.BaseRequest) -> bool:
         return True
 
 
+def _too_deep(text: str) -> bool:
+    if text.count("{") + text.count("[") <= API_SERVER_MAX_JSON_DEPTH:
+        return False  # the flat scan is slow in Python; most bodies cannot be that deep
+    return json_depth(text, stop_above=API_SERVER_MAX_JSON_DEPTH) > API_SERVER_MAX_JSON_DEPTH
+
+
 def _invalid(kind: str, name: str, causes: list[Cause]) -> KubernetesStatusError:
     """422 Invalid, worded and structured as the API server's StatusError."""
     def said(value: str | None, why: str) -> str:
@@ -300,6 +308,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        # It decodes, copies and encodes what an API server accepts: JSON up to 10,000 levels.
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * API_SERVER_MAX_JSON_DEPTH))
         # The built-in resources (from kmock's bundled discovery data) and Kopf's peerings.
         with warnings.catch_warnings():  # kmock reads the file with a deprecated importlib call
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -388,6 +398,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
                 "code": 413, "reason": "RequestEntityTooLarge",
                 "message": f"Request entity too large: limit is {MAX_OBJECT_BYTES}"})
+        if raw_request.method in ("POST", "PUT", "PATCH") and _too_deep(
+                (await raw_request.read()).decode(errors="replace")):
+            return aiohttp.web.json_response(status=400, data={
+                "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                "code": 400, "reason": "BadRequest",
+                "message": f"the JSON nests deeper than {API_SERVER_MAX_JSON_DEPTH} levels"})
         fault = self._fault_for(raw_request.method, raw_request.path) if self._faults else None
         if fault is not None:
             if fault.delay_s:

@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from typing import Any
 
 import kopf
+from minicpm_speech_contract.bounded import API_SERVER_MAX_JSON_DEPTH
 
 from . import kubeapi, metrics, retries
 from .diffbase import DigestDiffBaseStorage
@@ -31,6 +33,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # No cluster-wide scans of Namespaces or CRDs: the chart installs the CRD before the
     # operator starts, so namespaced mode needs no ClusterRole at all.
     settings.scanning.disabled = True
+    decode_what_the_api_server_stores()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage()
     settings.posting.level = logging.INFO
@@ -45,6 +48,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 
 kopf.on.login()(connection_from_environment)
+
+
+def decode_what_the_api_server_stores() -> None:
+    """Any namespace user may store a resource nested as deep as the API server decodes.
+    Kopf decodes watch events with the standard json module and deep-copies bodies, both
+    bounded by the interpreter's recursion limit (1,000 frames); past it, one such resource
+    broke the watch of every resource of its kind. About three frames per level (the copy
+    takes two) cover the API server's limit; the spec's own bound then refuses it in status.
+    Measured: 10,000 levels decode, copy and encode within a thread's default 8 MiB stack."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * API_SERVER_MAX_JSON_DEPTH))
 
 
 @kopf.on.resume(*SPEECHES, backoff=retries.OTHER_ERRORS_BACKOFF_S)

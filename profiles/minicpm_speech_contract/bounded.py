@@ -217,13 +217,16 @@ def load_yaml_all(text: str, *, field: str, limits: Limits = DEFAULT_LIMITS) -> 
 # --- JSON -----------------------------------------------------------------------------------
 
 
-def load_json(text: str, *, field: str, limits: Limits = DEFAULT_LIMITS) -> Any:
-    """A JSON document, refused before parsing if it passes the byte or depth limit, and
-    after parsing (nothing recursive having run on it) if it holds too many values."""
-    if len(text) > limits.max_bytes or len(text.encode("utf-8")) > limits.max_bytes:
-        raise _too_big(field, limits, _size_words(len(text.encode("utf-8"))))
-    depth, in_string, escaped = 0, False, False
-    for char in text:  # flat: brackets inside strings do not count
+# Kubernetes' API server decodes JSON nested up to this many levels, and so stores objects as
+# deep: a client that reads what it stores, the operator among them, must decode them too.
+API_SERVER_MAX_JSON_DEPTH = 10_000
+
+
+def json_depth(text: str, *, stop_above: int) -> int:
+    """How deep the mappings and lists of a JSON text nest, by a flat scan (brackets inside
+    strings do not count); the scan stops as soon as the depth passes ``stop_above``."""
+    depth, deepest, in_string, escaped = 0, 0, False, False
+    for char in text:
         if in_string:
             if escaped:
                 escaped = False
@@ -235,10 +238,21 @@ def load_json(text: str, *, field: str, limits: Limits = DEFAULT_LIMITS) -> Any:
             in_string = True
         elif char in "[{":
             depth += 1
-            if depth > limits.max_depth:
-                raise _too_deep(field, limits)
+            deepest = max(deepest, depth)
+            if depth > stop_above:
+                break
         elif char in "]}":
             depth -= 1
+    return deepest
+
+
+def load_json(text: str, *, field: str, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """A JSON document, refused before parsing if it passes the byte or depth limit, and
+    after parsing (nothing recursive having run on it) if it holds too many values."""
+    if len(text) > limits.max_bytes or len(text.encode("utf-8")) > limits.max_bytes:
+        raise _too_big(field, limits, _size_words(len(text.encode("utf-8"))))
+    if json_depth(text, stop_above=limits.max_depth) > limits.max_depth:
+        raise _too_deep(field, limits)
     document = json.loads(text)
     check_parsed(document, field=field, limits=limits)
     return document

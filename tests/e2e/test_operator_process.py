@@ -8,6 +8,7 @@ needed by some request.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
+from minicpm_speech_contract.bounded import API_SERVER_MAX_JSON_DEPTH
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart.rbac import is_allowed, rendered_grants, rendered_rules
@@ -27,6 +30,7 @@ from tests.harness.cluster import Cluster
 from .journey import NAME, children, create_and_settle, example_spec, mark_rolled_out, settled
 from .perf_journey import finish, job_of, jobs, perf_spec, perf_status, sweep_result
 
+API_VERSION = "serving.minicpm-speech.io/v1alpha1"
 MODES = {"namespaced": {}, "cluster-wide": {"watch": {"clusterWide": True}}}
 OPERATOR_METRICS = {
     "minicpm_speech_operator_reconciles": "counter",
@@ -156,6 +160,39 @@ async def test_chart_command_runs_the_journey_within_its_rbac(cluster: Cluster,
     assert unused == [], f"rules the operator never needed: {unused}"
     lease = [r for r in requests if r.resource == "leases"]
     assert {r.verb for r in lease} >= {"create", "get", "patch"}
+
+
+@pytest.mark.parametrize("operator_process", ["namespaced"], indirect=True)
+async def test_a_resource_nested_as_deep_as_the_server_stores_is_refused_in_status(
+        cluster: Cluster, operator_process: Any) -> None:
+    """The API server decodes and stores JSON nested up to 10,000 levels, deeper than the
+    Python json module and copy.deepcopy go by default: a real operator process watching such
+    a resource keeps watching, refuses it in status and serves the others."""
+    depth = API_SERVER_MAX_JSON_DEPTH - 100
+    overrides = '{"a":' * depth + "{}" + "}" * depth
+    spec = json.dumps({**example_spec(), "profileOverrides": None}).replace(
+        '"profileOverrides": null', f'"profileOverrides": {overrides}')
+    body = (f'{{"apiVersion": "{API_VERSION}", "kind": "MiniCPMSpeech", '
+            f'"metadata": {{"name": "deep"}}, "spec": {spec}}}')
+    server = yaml.safe_load(cluster.kubeconfig_path.read_text())["clusters"][0]["cluster"]
+    request = urllib.request.Request(
+        f"{server['server']}/apis/{API_VERSION}/namespaces/{cluster.namespace}/minicpmspeeches",
+        data=body.encode(), headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 201
+    cluster.api.create_speech(NAME, example_spec())
+    await cluster.wait_for(lambda: all(children(cluster).values()), timeout=30,
+                           message="the other resource is served")
+
+    def degraded() -> Any:
+        speech = cluster.api.get_speech("deep") or {}
+        return next((c for c in (speech.get("status") or {}).get("conditions") or []
+                     if c["type"] == "Degraded" and c["status"] == "True"), None)
+
+    condition = await cluster.wait_for(degraded, timeout=30, message="deep is refused")
+    assert condition["reason"] == "InvalidSpec"
+    assert condition["message"].startswith("spec.profileOverrides: nests deeper than the limit")
+    assert operator_process.poll() is None
 
 
 def _split(resource: str) -> tuple[str, str | None]:

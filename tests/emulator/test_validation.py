@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from minicpm_speech_contract.bounded import API_SERVER_MAX_JSON_DEPTH
 from minicpm_speech_emulator.emulator import MAX_OBJECT_BYTES
 
 from tests.harness.http import EmulatorHttp
@@ -151,3 +152,21 @@ async def test_annotations_over_256_kib_are_refused(emulator_api: EmulatorHttp) 
     status, _ = await emulator_api.patch(
         f"{NS}/configmaps/c", {"metadata": {"annotations": {"a": "x" * (256 * 1024 - 1)}}})
     assert status == 200
+
+
+async def test_json_is_decoded_to_the_api_servers_depth_and_refused_past_it(
+        emulator_api: EmulatorHttp) -> None:
+    def nested(depth: int) -> str:
+        return '{"metadata": {"name": "deep"}, "data": {"k": "v"}, "x": ' + \
+            '{"a":' * depth + "{}" + "}" * depth + "}"
+
+    async def post(text: str) -> tuple[int, Any]:
+        async with emulator_api.session.post(f"{NS}/configmaps", data=text, headers={
+                "Content-Type": "application/json"}) as response:
+            return response.status, await response.json(content_type=None)
+
+    status, body = await post(nested(API_SERVER_MAX_JSON_DEPTH + 1))
+    assert status == 400 and body["reason"] == "BadRequest"
+    assert f"deeper than {API_SERVER_MAX_JSON_DEPTH} levels" in body["message"]
+    status, _ = await post(nested(API_SERVER_MAX_JSON_DEPTH - 2))
+    assert status == 201
