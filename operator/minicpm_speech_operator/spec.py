@@ -79,6 +79,8 @@ class Gate:
     max_first_audio_p95_rise_percent: float
     max_wer_percent: float
     max_wer_increase_points: float
+    max_sim_drop: float
+    max_mos_drop: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +256,8 @@ def _perf(perf: Mapping[str, Any]) -> Perf:
             max_first_audio_p95_rise_percent=float(gate["maxFirstAudioP95RisePercent"]),
             max_wer_percent=float(gate["maxWerPercent"]),
             max_wer_increase_points=float(gate["maxWerIncreasePoints"]),
+            max_sim_drop=float(gate["maxSimDrop"]),
+            max_mos_drop=float(gate["maxMosDrop"]),
         ),
     )
 

@@ -143,6 +143,7 @@ def _write_report(path: Path, report: RescoreReport) -> None:
 
 def wer_message(doc: dict[str, Any]) -> str:
     rs = termination.round_sig
+    models = {key: doc[key] for key in termination.QUALITY_MODEL_KEYS if doc.get(key)}
     return termination.encode(
         {
             "v": termination.VERSION,
@@ -153,6 +154,7 @@ def wer_message(doc: dict[str, Any]) -> str:
             "started": doc["started"],
             "finished": doc["finished"],
             "reason": doc["reason"],
+            **models,
             "wer": [
                 {
                     "c": r["concurrency"],
@@ -160,6 +162,9 @@ def wer_message(doc: dict[str, Any]) -> str:
                     "done": r["completed"],
                     "judged": r["judged"],
                     "n": r["total"],
+                    **{key: rs(r.get(key)) for key in ("sim", "sim_p10", "mos", "mos_p10")},
+                    "sim_n": r.get("sim_n", 0),
+                    "mos_n": r.get("mos_n", 0),
                     "rescored": rs(r["rescored"]),
                     "rescored_judged": r["rescored_judged"],
                 }

@@ -32,9 +32,19 @@ Schema, version 1 (a single JSON object, UTF-8, always under 4096 bytes):
         c            int    max concurrency
         wer          float|null  official evaluator's mean per-request WER (fraction, 0.05 = 5 %)
         done, judged, n  int  completed, WER-judged and total requests
-      optional:
+        sim, sim_p10 float|null  speaker similarity of the output to its reference voice: mean
+                     and 10th percentile of the per-utterance cosines, -1 to 1
+        mos, mos_p10 float|null  predicted naturalness (MOS, 1 to 5): mean and 10th percentile
+        sim_n, mos_n int    utterances behind each figure
+      optional (dropped first when space runs out):
         rescored     float|null  independent re-scorer's mean WER
         rescored_judged int     requests the re-scorer judged
+    sim_model  str     wer only: the speaker model behind `sim` (name-version), e.g.
+                       "resemblyzer-0.1.4"; figures of two models are never compared
+    mos_model  str     wer only: the naturalness model behind `mos`, likewise
+
+A quality result without `sim`/`mos` still parses (an older Job), and the operator's gate
+then fails it, naming the missing figure: a figure that was never measured must not pass.
 
 Unknown keys are ignored by the parser so a later minor addition does not break an older
 operator; a change of meaning bumps `v`.
@@ -59,12 +69,17 @@ MODES = ("dedicated", "maintenance", "live")
 POINT_REQUIRED = ("arm", "c", "tput", "ttfp_ms", "ttfp_p95_ms", "ok", "n")
 POINT_OPTIONAL = ("tput_min", "tput_max", "rtf", "rps", "mem_mib")
 WER_REQUIRED = ("c", "wer", "done", "judged", "n")
+# Kept when the optional detail goes: the gate reads them.
+WER_QUALITY = ("sim", "sim_p10", "mos", "mos_p10", "sim_n", "mos_n")
 WER_OPTIONAL = ("rescored", "rescored_judged")
+QUALITY_MODEL_KEYS = ("sim_model", "mos_model")
 
 _TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 _HASH = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _ARM = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,15}$")
-_INT_KEYS = {"c", "ok", "n", "done", "judged", "rescored_judged"}
+_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:/-]{0,63}$")
+_INT_KEYS = {"c", "ok", "n", "done", "judged", "rescored_judged", "sim_n", "mos_n"}
+_COSINES = {"sim", "sim_p10"}
 
 
 class TerminationMessageError(ValueError):
@@ -121,7 +136,7 @@ def parse_termination_message(text: str) -> dict[str, Any]:
     if len(text.encode("utf-8")) > MAX_BYTES:
         raise TerminationMessageError(f"termination message exceeds {MAX_BYTES} bytes")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_not_a_number)
     except json.JSONDecodeError as exc:
         raise TerminationMessageError(f"termination message is not JSON: {exc.msg}") from None
     if not isinstance(doc, dict):
@@ -135,8 +150,18 @@ def parse_termination_message(text: str) -> dict[str, Any]:
         if baseline is not None and not (isinstance(baseline, str) and _ARM.match(baseline)):
             raise TerminationMessageError("baseline: expected an arm name or null")
     else:
-        _check_entries(doc, "wer", WER_REQUIRED, WER_OPTIONAL)
+        _check_entries(doc, "wer", WER_REQUIRED, (*WER_QUALITY, *WER_OPTIONAL))
+        for key in QUALITY_MODEL_KEYS:
+            if key in doc and not (isinstance(doc[key], str) and _MODEL.match(doc[key])):
+                raise TerminationMessageError(f"{key}: expected a model name, got "
+                                              f"{str(doc[key])[:80]!r}")
     return doc
+
+
+def _not_a_number(token: str) -> Any:
+    # Python reads NaN and Infinity, which JSON has not: a NaN figure would pass every
+    # comparison of the checks below and of the gate.
+    raise TerminationMessageError(f"termination message holds {token}, which is not JSON")
 
 
 def _check_header(doc: dict[str, Any]) -> None:
@@ -190,6 +215,10 @@ def _check_value(where: str, name: str, value: Any) -> None:
     elif name in _INT_KEYS:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise TerminationMessageError(f"{where}: expected a non-negative integer")
+    elif name in _COSINES:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not -1.0 <= value <= 1.0):
+            raise TerminationMessageError(f"{where}: expected a cosine from -1 to 1, or null")
     elif value is not None and (
         isinstance(value, bool) or not isinstance(value, int | float) or value < 0
     ):

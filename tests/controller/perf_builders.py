@@ -49,11 +49,22 @@ def sweep_text(config_hash: str, tput: float, baseline: float | None = None,
                           "finished": FINISHED, "baseline": "A" if baseline else None}, points)
 
 
-def wer_text(config_hash: str, wer: float, mode: str = "dedicated") -> str:
+SIM_MODEL, MOS_MODEL = "resemblyzer-0.1.4", "distillmos-0.9.1"
+
+
+def wer_text(config_hash: str, wer: float, mode: str = "dedicated", sim: float = 0.72,
+             mos: float = 3.9) -> str:
     rows = [{"concurrency": c, "wer": wer, "completed": 64, "judged": 64, "total": 64,
-             "rescored": None, "rescored_judged": 0} for c in (8, 1)]
+             **quality_figures(sim, mos), "rescored": None, "rescored_judged": 0}
+            for c in (8, 1)]
     return wer_message({"config_hash": config_hash, "mode": mode, "started": STARTED,
-                        "finished": FINISHED, "status": "ok", "reason": "", "rows": rows})
+                        "finished": FINISHED, "status": "ok", "reason": "", "rows": rows,
+                        "sim_model": SIM_MODEL, "mos_model": MOS_MODEL})
+
+
+def quality_figures(sim: float, mos: float) -> dict[str, float | int]:
+    return {"sim": sim, "sim_p10": sim - 0.05, "sim_n": 64,
+            "mos": mos, "mos_p10": mos - 0.3, "mos_n": 64}
 
 
 def last_good(spec: SpeechSpec, cfg: ServingConfig, tput: float = 25.0,
@@ -61,7 +72,9 @@ def last_good(spec: SpeechSpec, cfg: ServingConfig, tput: float = 25.0,
     return LastGood(cfg.config_hash, cfg.profile_label, cfg.deploy_config, spec.raw, {
         "points": [{"arm": "B", "c": 8, "tput": tput, "ttfp_ms": 500.0, "ttfp_p95_ms": 900.0,
                     "ok": 256, "n": 256}],
-        "wer": [{"c": 8, "wer": wer, "done": 64, "judged": 64, "n": 64}],
+        "wer": [{"c": 8, "wer": wer, "done": 64, "judged": 64, "n": 64,
+                 **quality_figures(0.72, 3.9)}],
+        "sim_model": SIM_MODEL, "mos_model": MOS_MODEL,
         "gate": {"sweep": {"reason": "NoBaseline", "message": "first"},
                  "wer": {"reason": "WithinLimits", "message": "ok"}},
         "recordedAt": FINISHED,

@@ -18,7 +18,8 @@ from minicpm_speech_operator.spec import Gate
 from .perf_builders import sweep_text, wer_text
 
 GATE = Gate((8,), max_throughput_loss_percent=5, max_first_audio_p95_rise_percent=10,
-            max_wer_percent=6, max_wer_increase_points=1)
+            max_wer_percent=6, max_wer_increase_points=1, max_sim_drop=0.01, max_mos_drop=0.05)
+MODELS = {"sim_model": "resemblyzer-0.1.4", "mos_model": "distillmos-0.9.1"}
 
 
 def p(tput: float, p95: float = 1000.0, ok: int = 256) -> dict[str, Any]:
@@ -44,6 +45,16 @@ def test_a_gated_concurrency_without_a_number_fails() -> None:
     assert not perf_verdict(GATE, [{"c": 8, "tput": None, "ok": 0, "n": 256}], None, "x").passed
 
 
+def entry(wer: float = 0.03, sim: float | None = 0.72, mos: float | None = 3.9,
+          **extra: Any) -> dict[str, Any]:
+    return {"c": 8, "wer": wer, "judged": 64, "n": 64, "sim": sim, "sim_p10": sim,
+            "sim_n": 64, "mos": mos, "mos_p10": mos, "mos_n": 64, **extra}
+
+
+def result(*entries: dict[str, Any], **models: str) -> dict[str, Any]:
+    return {"wer": list(entries), **MODELS, **models}
+
+
 @pytest.mark.parametrize(("wer", "old", "passed", "words"), [
     (0.03, None, True, "WER 3.00 %"),
     (0.07, None, False, "limit 6 %"),
@@ -51,15 +62,51 @@ def test_a_gated_concurrency_without_a_number_fails() -> None:
     (0.035, 0.03, True, "+0.50 points"),
 ])
 def test_quality_gate(wer: float, old: float | None, passed: bool, words: str) -> None:
-    entries = [{"c": 8, "wer": wer, "judged": 64, "n": 64}]
-    last = [{"c": 8, "wer": old}] if old is not None else None
-    verdict = quality_verdict(GATE, entries, last, "last good x")
+    last = result(entry(old)) if old is not None else None
+    verdict = quality_verdict(GATE, result(entry(wer)), last, "last good x")
     assert verdict.passed is passed and words in verdict.message
 
 
 def test_an_unjudged_quality_run_fails() -> None:
-    verdict = quality_verdict(GATE, [{"c": 8, "wer": None, "judged": 0, "n": 64}], None, "x")
+    verdict = quality_verdict(GATE, result({"c": 8, "wer": None, "judged": 0, "n": 64}), None,
+                              "x")
     assert not verdict.passed and "no request was judged" in verdict.message
+
+
+@pytest.mark.parametrize(("candidate", "old", "passed", "words"), [
+    (entry(sim=0.70), entry(sim=0.72), False, "SIM 0.700 vs 0.720 last good x (-0.020, "
+                                              "limit -0.01)"),
+    (entry(sim=0.715), entry(sim=0.72), True, "SIM 0.715 vs 0.720"),
+    (entry(mos=3.80), entry(mos=3.90), False, "MOS 3.80 vs 3.90 last good x (-0.10, "
+                                              "limit -0.05)"),
+    (entry(mos=3.88), entry(mos=3.90), True, "MOS 3.88"),
+    (entry(sim=0.80, mos=4.2), entry(), True, "SIM 0.800 vs 0.720 last good x (+0.080"),
+])
+def test_similarity_and_naturalness_against_the_last_good(
+        candidate: dict[str, Any], old: dict[str, Any], passed: bool, words: str) -> None:
+    verdict = quality_verdict(GATE, result(candidate), result(old), "last good x")
+    assert verdict.passed is passed and words in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize(("candidate", "words"), [
+    (entry(sim=None), "SIM was not measured"),
+    (entry(mos=None), "MOS was not measured"),
+    (entry(sim=0.0), "SIM is exactly 0"),
+    (entry(sim_n=0), "SIM was not measured"),
+    ({"c": 8, "wer": 0.03, "judged": 64, "n": 64}, "SIM was not measured"),  # an older Job
+])
+def test_a_figure_missing_or_zero_fails_even_without_a_baseline(
+        candidate: dict[str, Any], words: str) -> None:
+    verdict = quality_verdict(GATE, result(candidate), None, "nothing")
+    assert not verdict.passed and words in verdict.message
+
+
+def test_figures_of_different_models_are_never_compared() -> None:
+    verdict = quality_verdict(GATE, result(entry(sim=0.30), sim_model="wavlm-sv"),
+                              result(entry(sim=0.72)), "last good x")
+    assert verdict.passed
+    assert "SIM 0.300 by wavlm-sv, not compared with last good x's by resemblyzer" in (
+        verdict.message)
 
 
 def job(state: str, *, reason: str = "", kind: str = "sweep", attempt: int = 1) -> dict[str, Any]:

@@ -74,11 +74,19 @@ def sweep_result(config_hash: str, tput: dict[int, float], *, baseline: dict[int
     return sweep_message(header, points)
 
 
-def wer_result(config_hash: str, wer: float, mode: str = "dedicated") -> str:
+SIM_MODEL, MOS_MODEL = "resemblyzer-0.1.4", "distillmos-0.9.1"
+
+
+def wer_result(config_hash: str, wer: float, mode: str = "dedicated", *, sim: float = 0.72,
+               mos: float = 3.9) -> str:
+    """A quality Job's result; ``sim`` and ``mos`` as its speaker and naturalness models
+    measured them."""
     rows = [{"concurrency": c, "wer": wer, "completed": 64, "judged": 64, "total": 64,
-             "rescored": wer, "rescored_judged": 64} for c in (8, 1)]
+             "sim": sim, "sim_p10": sim - 0.05, "sim_n": 64, "mos": mos, "mos_p10": mos - 0.3,
+             "mos_n": 64, "rescored": wer, "rescored_judged": 64} for c in (8, 1)]
     return wer_message({"config_hash": config_hash, "mode": mode, "started": STARTED,
-                        "finished": FINISHED, "status": "ok", "reason": "", "rows": rows})
+                        "finished": FINISHED, "status": "ok", "reason": "", "rows": rows,
+                        "sim_model": SIM_MODEL, "mos_model": MOS_MODEL})
 
 
 def finish(cluster: Cluster, job: dict[str, Any], message: str | None, *, failed: bool = False,

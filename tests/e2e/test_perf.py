@@ -21,6 +21,8 @@ from .journey import (
     settled,
 )
 from .perf_journey import (
+    MOS_MODEL,
+    SIM_MODEL,
     finish,
     job_of,
     jobs,
@@ -52,12 +54,12 @@ async def both_jobs(cluster: Cluster, config_hash: str) -> list[dict[str, Any]]:
 
 
 async def complete(cluster: Cluster, config_hash: str, tput: float = 20.0, wer: float = 0.03,
-                   baseline: float | None = None) -> None:
+                   baseline: float | None = None, sim: float = 0.72) -> None:
     sweep, quality = job_of(cluster, "sweep", config_hash), job_of(cluster, "wer", config_hash)
     assert sweep is not None and quality is not None
     finish(cluster, sweep, sweep_result(config_hash, {1: tput / 3, 8: tput}, baseline=None
                                         if baseline is None else {1: baseline / 3, 8: baseline}))
-    finish(cluster, quality, wer_result(config_hash, wer))
+    finish(cluster, quality, wer_result(config_hash, wer, sim=sim))
 
 
 async def test_a_profile_change_creates_one_sweep_and_one_wer_job_for_the_new_hash(
@@ -113,7 +115,11 @@ async def test_results_land_in_status_and_become_the_last_good(cluster: Cluster,
     assert perf["finishedAt"] == "2026-11-29T11:00:00Z"
     assert condition(speech, "PerfGate")["reason"] == "NoBaseline"
     assert condition(speech, "QualityGate")["status"] == "True"
-    assert condition(speech, "Benchmarked")["message"] == "24.5 audio-s/s at C8, WER 3.1 % at C8"
+    assert condition(speech, "Benchmarked")["message"] == (
+        "24.5 audio-s/s at C8, WER 3.1 %, SIM 0.72, MOS 3.9 at C8")
+    assert perf["quality"]["sim"] == 0.72 and perf["quality"]["mos"] == 3.9
+    assert perf["quality"]["simModel"] == SIM_MODEL and perf["quality"]["mosModel"] == MOS_MODEL
+    assert perf["werPoints"][0]["simP10"] == 0.67 and perf["werPoints"][0]["mosScored"] == 64
     await cluster.wait_for(lambda: "Benchmarked" in event_reasons(cluster))
     last_good = await cluster.wait_for(
         lambda: cluster.api.get("configmap", f"{NAME}-deploy-config-lastgood"))
@@ -166,6 +172,35 @@ async def test_a_failed_gate_rolls_back_to_the_last_good_config(cluster: Cluster
 
     await cluster.wait_for(restored, message="Deployment and ConfigMap back to the last good")
     assert cluster.api.get_speech(NAME)["spec"]["profile"]["name"] == "low-latency"  # type: ignore[index]
+
+
+async def test_a_config_that_changes_the_speaker_fails_sim_and_rolls_back(
+        cluster: Cluster, operator: Operator) -> None:
+    """Words right, voice wrong: the new config's WER is as good and its throughput better,
+    but its speech no longer sounds like the reference voice. Only SIM sees it."""
+    good = (await create_and_settle(cluster, perf_spec(rollback=True)))["status"]["configHash"]
+    await both_jobs(cluster, good)
+    await complete(cluster, good, tput=25.0)
+    await cluster.wait_for(lambda: cluster.api.get("configmap", f"{NAME}-deploy-config-lastgood"))
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "low-latency"}}})
+    bad = (await cluster.wait_for(
+        lambda: (s := settled(cluster)()) and s["status"]["configHash"] != good and s)
+    )["status"]["configHash"]
+    await both_jobs(cluster, bad)
+    await complete(cluster, bad, tput=26.0, baseline=25.0, sim=0.35)
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and
+        condition(s, "RolledBack").get("status") == "True" and s, message="rolled back")
+    assert condition(speech, "PerfGate")["status"] == "True"
+    quality_gate = condition(speech, "QualityGate")
+    assert quality_gate["status"] == "False"
+    assert f"C8: SIM 0.350 vs 0.720 last good {good} (-0.370, limit -0.01)" in (
+        quality_gate["message"])
+    assert "WER" not in quality_gate["message"] and "MOS" not in quality_gate["message"]
+    assert condition(speech, "Benchmarked")["message"].endswith(
+        "WER 3.0 %, SIM 0.35, MOS 3.9 at C8")  # all three figures in kubectl describe
+    assert speech["status"]["configHash"] == good
+    assert speech["status"]["perf"]["quality"]["sim"] == 0.35
 
 
 async def test_maintenance_scales_serving_to_zero_and_restores_it(cluster: Cluster,

@@ -44,7 +44,8 @@ def test_worst_case_wer_message_fits() -> None:
 
     rows = [
         {"concurrency": c, "wer": 0.123456789, "completed": 64, "judged": 64, "total": 64,
-         "rescored": 0.987654321, "rescored_judged": 64}
+         "sim": -0.123456789, "sim_p10": -0.987654321, "sim_n": 64, "mos": 4.987654321,
+         "mos_p10": 1.23456789, "mos_n": 64, "rescored": 0.987654321, "rescored_judged": 64}
         for c in (8, 1, 32)
     ]  # fmt: skip
     doc = {
@@ -55,10 +56,57 @@ def test_worst_case_wer_message_fits() -> None:
         "status": "ok",
         "reason": "",
         "rows": rows,
+        "sim_model": "m" * 64,
+        "mos_model": "n" * 64,
     }
-    msg = parse_termination_message(wer_message(doc))
+    text = wer_message(doc)
+    assert len(text.encode()) < 4096
+    msg = parse_termination_message(text)
     assert [w["c"] for w in msg["wer"]] == [8, 1, 32]
     assert msg["wer"][0]["wer"] == 0.1235 and msg["wer"][0]["rescored"] == 0.9877
+    assert msg["wer"][0]["sim"] == -0.1235 and msg["wer"][0]["mos_p10"] == 1.235
+    assert msg["sim_model"] == "m" * 64 and not msg["truncated"]
+
+
+def test_truncation_keeps_the_figures_the_gate_reads() -> None:
+    entry = {"c": 8, "wer": 0.03, "done": 64, "judged": 64, "n": 64, "sim": 0.7,
+             "sim_p10": 0.6, "sim_n": 64, "mos": 3.9, "mos_p10": 3.5, "mos_n": 64,
+             "rescored": 0.03, "rescored_judged": 64}
+    doc = wer_doc(wer=[entry] * 25)
+    msg = parse_termination_message(termination.encode(doc))
+    assert msg["truncated"] and msg["wer"]
+    assert "rescored" not in msg["wer"][0] and msg["wer"][0]["sim"] == 0.7
+
+
+def wer_doc(**extra: Any) -> dict[str, Any]:
+    doc = base_doc(kind="wer", wer=[
+        {"c": 8, "wer": 0.03, "done": 64, "judged": 64, "n": 64, "sim": 0.7, "sim_n": 64,
+         "mos": 3.9, "mos_n": 64}], sim_model="resemblyzer-0.1.4", truncated=False) | extra
+    del doc["points"], doc["baseline"]
+    return doc
+
+
+@pytest.mark.parametrize(("mutate", "needle"), [
+    (lambda d: d["wer"][0].update(sim=1.5), "wer\\[0\\].sim: expected a cosine"),
+    (lambda d: d["wer"][0].update(sim="high"), "wer\\[0\\].sim: expected a cosine"),
+    (lambda d: d["wer"][0].update(mos=-1), "wer\\[0\\].mos: expected a non-negative"),
+    (lambda d: d["wer"][0].update(sim_n=1.5), "wer\\[0\\].sim_n"),
+    (lambda d: d.update(sim_model="no spaces allowed"), "sim_model: expected a model name"),
+])
+def test_parser_refuses_invalid_quality_figures(mutate: Any, needle: str) -> None:
+    doc = wer_doc()
+    mutate(doc)
+    with pytest.raises(TerminationMessageError, match=needle):
+        parse_termination_message(json.dumps(doc))
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_a_figure_that_is_not_a_number_is_refused(token: str) -> None:
+    doc = wer_doc()
+    text = json.dumps(doc).replace('"sim": 0.7', f'"sim": {token}')
+    assert token in text
+    with pytest.raises(TerminationMessageError, match=f"holds {token}"):
+        parse_termination_message(text)
 
 
 def base_doc(**extra: Any) -> dict[str, Any]:

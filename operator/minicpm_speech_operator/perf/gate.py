@@ -76,11 +76,31 @@ def perf_verdict(gate: Gate, candidate: Sequence[Point], baseline: Sequence[Poin
     return Verdict(True, "WithinLimits", f"against {against}: " + "; ".join(notes))
 
 
-def quality_verdict(gate: Gate, entries: Sequence[Point], last_good: Sequence[Point] | None,
-                    against: str) -> Verdict:
-    """Mean WER under the absolute ceiling, and not worse than the last good by more than
-    the allowed points, at every quality-run concurrency."""
-    theirs = by_concurrency(last_good or [])
+# A figure of the quality run: its key in the message, its name in words, the gate's allowed
+# drop, and how it is printed.
+@dataclass(frozen=True, slots=True)
+class Figure:
+    key: str
+    name: str
+    model_key: str
+    max_drop: float
+    digits: int
+
+
+def quality_figures(gate: Gate) -> tuple[Figure, ...]:
+    return (Figure("sim", "SIM", "sim_model", gate.max_sim_drop, 3),
+            Figure("mos", "MOS", "mos_model", gate.max_mos_drop, 2))
+
+
+def quality_verdict(gate: Gate, candidate: Mapping[str, Any],
+                    last_good: Mapping[str, Any] | None, against: str) -> Verdict:
+    """At every quality-run concurrency: mean WER under the absolute ceiling and not worse
+    than the last good by more than the allowed points; speaker similarity and naturalness
+    measured (never missing, NaN or a constant 0) and not below the last good's by more than
+    the allowed drop. ``candidate`` and ``last_good`` are quality results: ``wer`` entries
+    and the models behind SIM and MOS; figures of different models are not compared."""
+    entries: Sequence[Point] = candidate.get("wer") or []
+    theirs = by_concurrency((last_good or {}).get("wer") or [])
     failures: list[str] = []
     notes: list[str] = []
     if not entries:
@@ -100,6 +120,33 @@ def quality_verdict(gate: Gate, entries: Sequence[Point], last_good: Sequence[Po
             text = (f"C{c}: WER {rise:+.2f} points vs {against} "
                     f"(limit +{gate.max_wer_increase_points:g})")
             (failures if rise > gate.max_wer_increase_points else notes).append(text)
+        for figure in quality_figures(gate):
+            _judge_figure(figure, c, entry, old, candidate, last_good, against, failures, notes)
     if failures:
         return Verdict(False, "Regressed", "; ".join(failures))
     return Verdict(True, "WithinLimits", "; ".join(notes))
+
+
+def _judge_figure(figure: Figure, c: int, entry: Point, old: Point | None,
+                  candidate: Mapping[str, Any], last_good: Mapping[str, Any] | None,
+                  against: str, failures: list[str], notes: list[str]) -> None:
+    value, counted = entry.get(figure.key), entry.get(f"{figure.key}_n")
+    if value is None or not counted or value == 0:
+        # 0 exactly is what an evaluator reports when its model never ran
+        why = ("was not measured" if value is None or not counted
+               else "is exactly 0, which no speech measures")
+        failures.append(f"C{c}: {figure.name} {why}")
+        return
+    model = candidate.get(figure.model_key)
+    text = f"C{c}: {figure.name} {value:.{figure.digits}f}"
+    if old is None or old.get(figure.key) is None or not last_good:
+        notes.append(text)
+        return
+    old_model = last_good.get(figure.model_key)
+    if model != old_model:
+        notes.append(f"{text} by {model}, not compared with {against}'s by {old_model}")
+        return
+    drop = old[figure.key] - value
+    text = (f"{text} vs {old[figure.key]:.{figure.digits}f} {against} "
+            f"({-drop:+.{figure.digits}f}, limit -{figure.max_drop:g})")
+    (failures if drop > figure.max_drop + 1e-9 else notes).append(text)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from minicpm_speech_contract.termination import QUALITY_MODEL_KEYS
+
 from ..serving_config import ServingConfig
 from ..spec import SpeechSpec
 from ..status import DEGRADED, Condition, PerfView
@@ -171,9 +173,9 @@ def _verdicts(spec: SpeechSpec, kinds: Mapping[str, KindState], last_good: LastG
             base, against = None, "nothing"
         verdicts["sweep"] = perf_verdict(gate, candidate_points(sweep), base, against)
     if wer is not None:
-        recorded = list(other.results.get("wer") or []) if other is not None else None
+        recorded = quality_results(other.results) if other is not None else None
         against = f"last good {other.config_hash}" if other is not None else "nothing"
-        verdicts["wer"] = quality_verdict(gate, wer.get("wer") or [], recorded, against)
+        verdicts["wer"] = quality_verdict(gate, wer, recorded, against)
     return verdicts
 
 
@@ -187,7 +189,7 @@ def _record(spec: SpeechSpec, cfg: ServingConfig, kinds: Mapping[str, KindState]
         spec=spec.raw,
         results={
             "points": candidate_points(sweep),
-            "wer": list(wer.get("wer") or []),
+            **quality_results(wer),
             "placement": spec.perf.placement,
             "previousHash": last_good.config_hash if last_good else None,
             "gate": {kind: {"reason": v.reason, "message": v.message}
@@ -195,6 +197,13 @@ def _record(spec: SpeechSpec, cfg: ServingConfig, kinds: Mapping[str, KindState]
             "recordedAt": _finished_at(kinds),
         },
     )
+
+
+def quality_results(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """What a quality result holds for the gate (a Job's message or the last good record):
+    its entries and the models behind SIM and MOS."""
+    return {"wer": list(doc.get("wer") or []),
+            **{key: doc[key] for key in QUALITY_MODEL_KEYS if doc.get(key)}}
 
 
 def _finished_at(kinds: Mapping[str, KindState]) -> str | None:
@@ -206,7 +215,7 @@ def _from_record(spec: SpeechSpec, last_good: LastGood, previous: Mapping[str, A
                  delete: tuple[tuple[str, str], ...]) -> PerfPlan:
     """The spec returned to the last good config: its recorded results are current again."""
     sweep_doc = {"points": list(last_good.results.get("points") or []), "baseline": None}
-    wer_doc = {"wer": list(last_good.results.get("wer") or [])}
+    wer_doc = quality_results(last_good.results)
     kinds: dict[str, KindState] = {
         "sweep": KindState("sweep", "Succeeded", 0, None, "LastGood",
                            "recorded when this configuration passed the gate",
@@ -243,7 +252,7 @@ def _view(spec: SpeechSpec, cfg: ServingConfig, kinds: Mapping[str, KindState],
         status["points"] = status_points(sweep.doc)
         status["baseline"] = _baseline_status(sweep.doc, last_good, config_hash)
     if wer.doc is not None:
-        status["quality"] = quality(wer.doc.get("wer") or [])
+        status["quality"] = quality(wer.doc)
         status["werPoints"] = status_wer_points(wer.doc.get("wer") or [])
     if last_good is not None:
         points = list(last_good.results.get("points") or [])
@@ -253,6 +262,7 @@ def _view(spec: SpeechSpec, cfg: ServingConfig, kinds: Mapping[str, KindState],
             "audioThroughput": (headline(points, perf.headline_concurrency) or {}).get(
                 "audioThroughput"),
             "werPercent": percent(first_wer.get("wer")),
+            "sim": first_wer.get("sim"), "mos": first_wer.get("mos"),
             "recordedAt": last_good.recorded_at,
         })
     if serve is not None:
@@ -296,11 +306,12 @@ def _benchmarked(kinds: Mapping[str, KindState], headline_c: int = 8) -> Conditi
     sweep, wer = kinds["sweep"], kinds["wer"]
     if sweep.state == wer.state == "Succeeded" and sweep.doc is not None and wer.doc is not None:
         best = headline(candidate_points(sweep.doc), headline_c) or {}
-        first = quality(wer.doc.get("wer") or []) or {}
+        first = quality(wer.doc) or {}
         wer_c = first.get("concurrency", 8)
         return Condition(BENCHMARKED, True, "Measured",
                          f"{best.get('audioThroughput', 'no')} audio-s/s at C{headline_c}, "
-                         f"WER {first.get('werPercent', 'n/a')} % at C{wer_c}")
+                         f"WER {first.get('werPercent', 'n/a')} %, SIM "
+                         f"{first.get('sim', 'n/a')}, MOS {first.get('mos', 'n/a')} at C{wer_c}")
     failed = next((s for s in (sweep, wer) if s.state in ("Failed", "Retrying")), None)
     reason = failed.reason if failed else ("Running" if "Running" in (sweep.state, wer.state)
                                            else "Waiting")

@@ -45,7 +45,15 @@ def status_wer_points(entries: Sequence[Point]) -> list[dict[str, Any]]:
         "judged": e.get("judged"), "total": e.get("n"),
         "rescoredWerPercent": percent(e.get("rescored")),
         "rescoredJudged": e.get("rescored_judged"),
+        **figures(e),
     }) for e in entries]
+
+
+def figures(entry: Point) -> dict[str, Any]:
+    """Speaker similarity and naturalness: mean, 10th percentile and utterances scored."""
+    return {"sim": entry.get("sim"), "simP10": entry.get("sim_p10"),
+            "simScored": entry.get("sim_n"), "mos": entry.get("mos"),
+            "mosP10": entry.get("mos_p10"), "mosScored": entry.get("mos_n")}
 
 
 def headline(points: Sequence[Point], concurrency: int) -> dict[str, Any] | None:
@@ -57,14 +65,18 @@ def headline(points: Sequence[Point], concurrency: int) -> dict[str, Any] | None
                     "firstAudioP95Ms": point.get("ttfp_p95_ms")})
 
 
-def quality(entries: Sequence[Point]) -> dict[str, Any] | None:
-    """The first entry: the program reports C8, the published concurrency, first."""
+def quality(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The first entry: the program reports C8, the published concurrency, first; with the
+    models behind its SIM and MOS."""
+    entries = doc.get("wer") or []
     if not entries:
         return None
     e = entries[0]
     return compact({"concurrency": e["c"], "werPercent": percent(e.get("wer")),
                     "completed": e.get("done"), "judged": e.get("judged"), "total": e.get("n"),
-                    "rescoredWerPercent": percent(e.get("rescored"))})
+                    "rescoredWerPercent": percent(e.get("rescored")),
+                    "sim": e.get("sim"), "mos": e.get("mos"),
+                    "simModel": doc.get("sim_model"), "mosModel": doc.get("mos_model")})
 
 
 def kind_status(state: KindState, max_attempts: int) -> dict[str, Any]:
