@@ -55,6 +55,7 @@ class WerItem:
     reference: str | None
     audio_path: str | None
     error: str | None = None
+    sim: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,9 @@ class WerResult:
     asr_failed: int
     saved_audio: int
     items: tuple[WerItem, ...] = field(default_factory=tuple)
+    # The evaluator's own speaker similarity (its WavLM), when it was turned on.
+    sim_mean: float | None = None
+    sim_evaluated: int = 0
 
 
 def load_json(path: Path) -> dict[str, Any]:
@@ -181,7 +185,36 @@ def parse_wer(path: Path) -> WerResult:
         asr_failed=_int(data, path, "seed_tts_asr_failed"),
         saved_audio=int(data.get("seed_tts_saved_audio", 0) or 0),
         items=_wer_items(data, path),
+        **_official_sim(data, path),
     )
+
+
+def _official_sim(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The evaluator's SIM, refused when it only looks measured: some evaluator versions
+    report 0 when their speaker model is off or failed, and a 0 must never pass for a
+    similarity (no two recordings of speech have a cosine of exactly 0)."""
+    mean = data.get("seed_tts_sim_mean")
+    if mean is None:
+        return {}
+    mean = _num(data, path, "seed_tts_sim_mean")
+    evaluated = int(data.get("seed_tts_sim_evaluated") or 0)
+    if evaluated == 0 or mean == 0.0:
+        raise ResultFormatError(path, "seed_tts_sim_mean", (
+            f"{mean:g} over {evaluated} evaluated utterances: the evaluator's speaker model did "
+            "not run (SEED_TTS_SIM_EVAL off, or its model failed to load)"))
+    if not -1.0 <= mean <= 1.0:
+        raise ResultFormatError(path, "seed_tts_sim_mean", f"{mean:g} is not a cosine")
+    return {"sim_mean": mean, "sim_evaluated": evaluated}
+
+
+def _item_sim(row: dict[str, Any], path: Path, key: str) -> float | None:
+    sim = row.get("sim")
+    if sim is None:
+        return None
+    if (isinstance(sim, bool) or not isinstance(sim, int | float) or not math.isfinite(sim)
+            or not -1.0 <= sim <= 1.0):
+        raise ResultFormatError(path, f"{key}.sim", f"expected a cosine, got {sim!r}")
+    return float(sim)
 
 
 def _wer_items(data: dict[str, Any], path: Path) -> tuple[WerItem, ...]:
@@ -207,6 +240,7 @@ def _wer_items(data: dict[str, Any], path: Path) -> tuple[WerItem, ...]:
                 reference=row.get("reference_raw"),
                 audio_path=row.get("audio_path"),
                 error=row.get("error"),
+                sim=_item_sim(row, path, key),
             )
         )
     return tuple(items)

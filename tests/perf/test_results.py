@@ -109,3 +109,37 @@ def test_wer_refused_without_items_or_on_setup_error(tmp_path: Path) -> None:
         parse_wer(write(tmp_path / "q.json", doc))
     with pytest.raises(ResultFormatError, match="seed_tts_content_metric"):
         parse_wer(write(tmp_path / "q.json", synthetic_run(8)))
+
+
+def quality_doc(**sim: Any) -> dict[str, Any]:
+    items: list[dict[str, Any]] = [
+        {"utterance_id": "u1", "locale": "en", "wer": 0.0, "reference_raw": "Hi there.",
+         "asr_raw": "Hi there", "audio_path": "/a/00000_u1_en.wav", "sim": 0.61}]
+    return (official_result(concurrency=8, audio_s=[2.0], ttfp_s=[0.3], duration=2.0)
+            | wer_block(items, audio_dir="/a") | sim)
+
+
+def test_the_evaluators_own_similarity_is_read_with_its_count(tmp_path: Path) -> None:
+    w = parse_wer(write(tmp_path / "q.json", quality_doc(
+        seed_tts_sim_mean=0.61, seed_tts_sim_evaluated=1)))
+    assert (w.sim_mean, w.sim_evaluated, w.items[0].sim) == (0.61, 1, 0.61)
+    off = parse_wer(write(tmp_path / "q.json", quality_doc(seed_tts_sim_mean=None)))
+    assert (off.sim_mean, off.sim_evaluated) == (None, 0)
+
+
+@pytest.mark.parametrize("sim", [
+    {"seed_tts_sim_mean": 0.0, "seed_tts_sim_evaluated": 64},  # the silent 0
+    {"seed_tts_sim_mean": 0, "seed_tts_sim_evaluated": 0},
+    {"seed_tts_sim_mean": 0.6},  # a mean of nothing
+])
+def test_a_similarity_that_only_looks_measured_is_refused(tmp_path: Path,
+                                                          sim: dict[str, Any]) -> None:
+    with pytest.raises(ResultFormatError, match=r"seed_tts_sim_mean.*speaker model did not run"):
+        parse_wer(write(tmp_path / "q.json", quality_doc(**sim)))
+
+
+def test_an_utterance_similarity_that_is_not_a_cosine_is_refused(tmp_path: Path) -> None:
+    doc = quality_doc()
+    doc["seed_tts_wer_eval_items"][0]["sim"] = 3.0
+    with pytest.raises(ResultFormatError, match=r"seed_tts_wer_eval_items\[0\]\.sim"):
+        parse_wer(write(tmp_path / "q.json", doc))
