@@ -103,6 +103,7 @@ class Perf:
     asr_model_claim: str | None
     asr_model_path: str
     rescore_model_path: str | None
+    speaker_model_path: str | None
     artifacts_claim: str | None
     image: str | None
     history_limit: int
@@ -244,6 +245,7 @@ def _perf(perf: Mapping[str, Any]) -> Perf:
         asr_model_claim=perf.get("asrModelClaim"),
         asr_model_path=perf["asrModelPath"],
         rescore_model_path=perf.get("rescoreModelPath"),
+        speaker_model_path=perf.get("speakerModelPath"),
         artifacts_claim=perf.get("artifactsClaim"),
         image=perf.get("image"),
         history_limit=perf["historyLimit"],

@@ -170,6 +170,9 @@ class QualityConfig:
     eval_device: str = "cuda:0"
     highest_gated_concurrency: int = 32
     rescore: RescoreSettings | None = None
+    # A Hugging Face WavLM speaker model folder: SIM then comes from the official evaluator's
+    # own WavLM; without one, from the built-in speaker encoder (minicpm_speech_perf.similarity).
+    speaker_model: str | None = None
 
 
 def load_mapping(path: Path) -> Mapping[str, Any]:
@@ -323,6 +326,11 @@ def parse_quality(data: Mapping[str, Any]) -> QualityConfig:
     whisper_model = asr.string("whisper_model", required=True)
     device = asr.string("device", "cuda:0")
     asr.done()
+    speaker_model = None
+    if s.get("similarity") is not None:
+        sim = s.section("similarity")
+        speaker_model = sim.string("speaker_model", required=True)
+        sim.done()
     highest = s.integer("highest_gated_concurrency", 32, lo=1, hi=32)
     if highest not in protocol.CONCURRENCIES:
         raise ConfigError(
@@ -343,4 +351,4 @@ def parse_quality(data: Mapping[str, Any]) -> QualityConfig:
         protocol.quality_env({}, whisper_model=whisper_model, audio_dir="x", device=device)
     except protocol.ProtocolError as exc:
         raise ConfigError(f"asr: {exc}") from None
-    return QualityConfig(base, whisper_model, device, highest, rescore)
+    return QualityConfig(base, whisper_model, device, highest, rescore, speaker_model)

@@ -177,9 +177,11 @@ def timing_env(base: Mapping[str, str]) -> dict[str, str]:
 
 
 def quality_env(
-    base: Mapping[str, str], *, whisper_model: str, audio_dir: str, device: str = "cuda:0"
+    base: Mapping[str, str], *, whisper_model: str, audio_dir: str, device: str = "cuda:0",
+    speaker_model: str | None = None,
 ) -> dict[str, str]:
-    """Environment of a quality run: the official WER evaluator on, items and WAVs kept."""
+    """Environment of a quality run: the official WER evaluator on, items and WAVs kept; and
+    with ``speaker_model`` (a Hugging Face WavLM folder), the evaluator's own SIM too."""
     if not whisper_model:
         raise ProtocolError("whisper_model (path to openai/whisper-large-v3) must be set")
     if not audio_dir:
@@ -194,6 +196,10 @@ def quality_env(
         "SEED_TTS_EVAL_DEVICE": device,
         "SEED_TTS_HF_WHISPER_MODEL": whisper_model,
         "SEED_TTS_WER_SAVE_AUDIO_DIR": audio_dir,
+        # Off unless its weights are given: by default it would download a model.
+        "SEED_TTS_SIM_EVAL": "1" if speaker_model else "0",
+        **({"SEED_TTS_WAVLM_MODEL": speaker_model, "SEED_TTS_SIM_DEVICE": device}
+           if speaker_model else {}),
     }
 
 

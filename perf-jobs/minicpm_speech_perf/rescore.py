@@ -89,11 +89,11 @@ def load_for_asr(path: Path, *, allow_resample: bool = False) -> tuple[np.ndarra
         raw = w.readframes(info.frames)
     if len(raw) < info.frames * info.channels * info.sample_width:
         raise CorruptWavError(f"{path}: WAV data is shorter than its header says")
-    samples = _to_float(raw, info.sample_width).reshape(-1, info.channels).mean(axis=1)
+    samples = pcm_to_float(raw, info.sample_width).reshape(-1, info.channels).mean(axis=1)
     return resample(samples, info.sample_rate, ASR_RATE), info
 
 
-def _to_float(raw: bytes, width: int) -> np.ndarray:
+def pcm_to_float(raw: bytes, width: int) -> np.ndarray:
     if width == 1:
         return (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     if width == 2:

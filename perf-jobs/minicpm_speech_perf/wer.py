@@ -2,8 +2,9 @@
 official Seed-TTS WER evaluator at C8 (as published), C1 and the highest gated concurrency.
 
 The generated WAVs are kept under `wavs/c{C}/`; when a re-scorer model is configured every
-kept WAV is also scored independently. Results: `wer_summary.json` and the termination
-message of kind "wer".
+kept WAV is also scored independently. Every kept WAV is also scored for speaker similarity
+to its reference prompt (SIM) and for predicted naturalness (MOS). Results:
+`wer_summary.json` and the termination message of kind "wer".
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,22 @@ from minicpm_speech_contract import termination
 
 from . import protocol
 from .config import QualityConfig
-from .dataset import parse_meta
+from .dataset import DatasetError, parse_meta
 from .gpumem import MemorySampler
+from .naturalness import MosPredictor, default_mos_predictor, mos_of_wav
 from .procs import ProcessRunner
-from .rescore import AsrModelError, Item, RescoreReport, Transcriber, WhisperTranscriber, rescore
+from .quality_figures import MOS, SIM, InvalidFigureError, summarize_figure
+from .rescore import (
+    AsrModelError,
+    Item,
+    RescoreReport,
+    Transcriber,
+    WavError,
+    WhisperTranscriber,
+    rescore,
+)
 from .results import ResultFormatError, WerResult, parse_run, parse_wer
+from .similarity import SpeakerEncoder, default_speaker_encoder, speaker_similarity
 from .sweep import Orchestrator, write_termination
 
 WER_SUMMARY_SCHEMA = "minicpm-speech-perf/wer-summary/v1"
@@ -52,7 +65,7 @@ def run_quality(
         audio.mkdir(parents=True, exist_ok=True)
         return protocol.quality_env(
             os.environ, whisper_model=cfg.whisper_model, audio_dir=str(audio),
-            device=cfg.eval_device,
+            device=cfg.eval_device, speaker_model=cfg.speaker_model,
         )  # fmt: skip
 
     orch = Orchestrator(base, runner, sampler_factory, kind="wer")
@@ -91,29 +104,97 @@ def items_from_meta(wavs: Path, meta: Path) -> list[Item]:
     return items
 
 
+OFFICIAL_SIM_MODEL = "seed-tts-wavlm"
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceModels:
+    """The models behind SIM and MOS, loaded once per Job. Without a ``speaker`` encoder,
+    SIM is the official evaluator's, from its WavLM (``speaker_model`` in the config)."""
+
+    speaker: SpeakerEncoder | None
+    naturalness: MosPredictor
+    sim_model: str
+
+    @classmethod
+    def default(cls, official_speaker_model: str | None = None) -> VoiceModels:
+        if official_speaker_model:
+            name = f"{OFFICIAL_SIM_MODEL}:{Path(official_speaker_model).name}"[:64]
+            return cls(None, default_mos_predictor(), name)
+        speaker = default_speaker_encoder()
+        return cls(speaker, default_mos_predictor(), speaker.name)
+
+
+def reference_wavs(dataset_root: str) -> dict[str, Path]:
+    """Each utterance's reference voice: the prompt WAV its meta.lst row names."""
+    locale_dir = Path(dataset_root) / "en"
+    return {row.utterance_id: locale_dir / row.prompt_wav
+            for row in parse_meta(locale_dir / "meta.lst")}
+
+
+def voice_figures(items: Sequence[Item], references: dict[str, Path], models: VoiceModels,
+                  official: WerResult) -> dict[str, Any]:
+    """SIM and MOS of one concurrency's WAVs: mean, p10 and count of each, or null with the
+    reason when the set cannot be trusted (the gate then fails on the missing figure). A WAV
+    that cannot be scored leaves its utterance out, counted."""
+    sims: dict[str, float | None] = {}
+    moses: dict[str, float | None] = {}
+    official_sims = {it.utterance_id: it.sim for it in official.items}
+    for item in items:
+        reference = references.get(item.utterance_id)
+        try:
+            sims[item.utterance_id] = (
+                official_sims.get(item.utterance_id) if models.speaker is None
+                else None if reference is None
+                else speaker_similarity(models.speaker, reference, item.wav))
+        except WavError:
+            sims[item.utterance_id] = None
+        try:
+            moses[item.utterance_id] = mos_of_wav(models.naturalness, item.wav)
+        except WavError:
+            moses[item.utterance_id] = None
+    row: dict[str, Any] = {}
+    for key, figure, values in (("sim", SIM, sims), ("mos", MOS, moses)):
+        try:
+            summary = summarize_figure(figure, values)
+        except InvalidFigureError as exc:
+            row.update({key: None, f"{key}_p10": None, f"{key}_n": 0,
+                        f"{key}_error": exc.reason})
+            continue
+        row.update({key: summary.mean, f"{key}_p10": summary.p10, f"{key}_n": summary.count})
+    return row
+
+
 def summarize_quality(
-    cfg: QualityConfig, manifest: dict[str, Any], asr: Transcriber | None
+    cfg: QualityConfig, manifest: dict[str, Any], asr: Transcriber | None,
+    voice: VoiceModels | None = None,
 ) -> dict[str, Any]:
-    """Per quality concurrency: official WER and counts, plus the re-scorer's verdict."""
+    """Per quality concurrency: official WER and counts, the re-scorer's verdict, and the
+    speech's similarity to its reference voice and its naturalness."""
     root = cfg.sweep.artifacts_dir
+    references = (reference_wavs(cfg.sweep.client.dataset_root)
+                  if voice is not None and voice.speaker is not None else {})
     rows = []
     for visit in manifest["visits"]:
         for run in visit["runs"]:
             if run["kind"] != "quality" or run.get("exit_code") != 0:
                 continue
-            rows.append(_quality_row(root, run, asr))
+            rows.append(_quality_row(root, run, asr, voice, references))
     doc = {
         "schema": WER_SUMMARY_SCHEMA,
         **{k: manifest.get(k) for k in ("config_hash", "mode", "started", "finished")},
         "status": manifest["status"],
         "reason": manifest["reason"],
+        **({"sim_model": voice.sim_model, "mos_model": voice.naturalness.name}
+           if voice is not None else {}),
         "rows": rows,
     }
     (root / "wer_summary.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return doc
 
 
-def _quality_row(root: Path, run: dict[str, Any], asr: Transcriber | None) -> dict[str, Any]:
+def _quality_row(root: Path, run: dict[str, Any], asr: Transcriber | None,
+                 voice: VoiceModels | None, references: dict[str, Path]) -> dict[str, Any]:
     path = root / run["result"]
     c = int(run["concurrency"])
     timing = parse_run(path, expect_concurrency=c)
@@ -129,6 +210,9 @@ def _quality_row(root: Path, run: dict[str, Any], asr: Transcriber | None) -> di
         "rescored": None,
         "rescored_judged": 0,
     }
+    if voice is not None:
+        row.update(voice_figures(items_from_result(official, wav_dir(root, c)), references,
+                                 voice, official))
     if asr is not None:
         report = rescore(items_from_result(official, wav_dir(root, c)), asr)
         _write_report(root / f"rescore-c{c}.json", report)
@@ -175,7 +259,8 @@ def wer_message(doc: dict[str, Any]) -> str:
 
 
 def finish_quality(
-    cfg: QualityConfig, manifest: dict[str, Any], asr: Transcriber | None = None
+    cfg: QualityConfig, manifest: dict[str, Any], asr: Transcriber | None = None,
+    voice: VoiceModels | None = None,
 ) -> tuple[int, str]:
     """Summarise, write the termination message; returns (exit code, message)."""
     try:
@@ -184,8 +269,11 @@ def finish_quality(
             asr = WhisperTranscriber(
                 r.model, device=r.device, compute_type=r.compute_type, beam_size=r.beam_size
             )
-        doc = summarize_quality(cfg, manifest, asr)
-    except (ResultFormatError, AsrModelError, OSError, ValueError) as exc:
+        if voice is None and manifest["status"] == "ok":
+            voice = VoiceModels.default(cfg.speaker_model)
+        doc = summarize_quality(cfg, manifest, asr, voice)
+    except (ResultFormatError, AsrModelError, DatasetError, OSError, ValueError,
+            RuntimeError) as exc:
         doc = {
             **{k: manifest.get(k) for k in ("config_hash", "mode", "started", "finished")},
             "status": "failed",

@@ -24,6 +24,7 @@ from .test_manifests import KUBERNETES_VERSION
 CASES: dict[str, tuple[dict[str, Any], str]] = {
     "dedicated-hub": (perf_raw(), "dedicated"),
     "dedicated-claim-rescore": (claim_perf_raw(rescoreModelPath="ct2/large-v3",
+                                               speakerModelPath="wavlm/sv",
                                                artifactsClaim="perf-artifacts"), "dedicated"),
     "maintenance": (perf_raw("maintenance", changes={"runtime": {"mps": {"enabled": False}}}),
                     "maintenance"),
@@ -46,6 +47,15 @@ def test_job_and_its_config_are_valid_in_strict_mode(case: str, kind: str) -> No
     configmap = build_job_configmap(owner, req, "job-uid")
     kubernetes_validate.validate(configmap, KUBERNETES_VERSION, strict=True)
     assert configmap["metadata"]["ownerReferences"][0]["kind"] == "Job"
+
+
+def test_a_speaker_model_on_the_models_claim_turns_on_the_evaluators_sim() -> None:
+    """Without one the Job scores SIM with its built-in encoder; with one, the official
+    evaluator's WavLM reads it from the claim the ASR models are on."""
+    for case, expected in (("dedicated-claim-rescore", "/asr/wavlm/sv"), ("dedicated-hub", None)):
+        owner, req = request(case, "wer")
+        text = build_job_configmap(owner, req, "uid")["data"]["config.yaml"]
+        assert parse_quality(yaml.safe_load(text)).speaker_model == expected
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

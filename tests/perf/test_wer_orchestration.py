@@ -49,7 +49,13 @@ def test_quality_run_keeps_wavs_and_reports_both_evaluators(
     events = tmp_path / "events.jsonl"
     monkeypatch.setenv("FAKE_EVENTS", str(events))
     port = free_port()
-    cfg = quality_config(tmp_path, events, port)
+    meta = tmp_path / "d" / "en" / "meta.lst"
+    meta.parent.mkdir(parents=True)
+    meta.write_text("".join(f"utt_{i:03d}|p|prompts/utt_{i:03d}.wav|sentence number {i}\n"
+                            for i in range(64)))
+    cfg = quality_config(tmp_path, events, port, client={
+        "model": "m", "tokenizer": "/t", "dataset_root": str(tmp_path / "d"),
+        "command_prefix": [sys.executable, str(FAKES / "fake_client.py")]})
     manifest = run_quality(cfg, SubprocessRunner(), lambda: FixedSampler(2.0))
     assert manifest["status"] == "ok", manifest["reason"]
 
@@ -84,10 +90,13 @@ def test_quality_run_keeps_wavs_and_reports_both_evaluators(
     assert (first["done"], first["judged"], first["n"]) == (64, 64, 64)
     assert first["wer"] == pytest.approx(np.mean([0.02 * (i % 3) for i in range(64)]), rel=1e-3)
     assert first["rescored"] == pytest.approx(63 / 64, rel=1e-3)
+    # The fake saves silence and no prompt exists: nothing to score, so no figure, not a 0.
+    assert (first["sim"], first["sim_n"], first["mos"], first["mos_n"]) == (None, 0, None, 0)
     report = json.loads((root / "rescore-c8.json").read_text())
     assert report["judged"] == 64 and report["items"][0]["wer"] == 0.0
     summary = json.loads((root / "wer_summary.json").read_text())
     assert summary["rows"][0]["wav_dir"] == "wavs/c8"
+    assert "SIM is missing for every utterance" in summary["rows"][0]["sim_error"]
 
 
 def test_quality_failure_is_a_failed_message(

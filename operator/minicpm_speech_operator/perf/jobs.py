@@ -198,6 +198,8 @@ def program_config(owner: Owner, request: JobRequest, name: str) -> dict[str, An
             "device": device,
             "compute_type": "int8" if live else "float16",
         }
+    if perf.speaker_model_path:
+        config["similarity"] = {"speaker_model": _subdir(ASR_DIR, perf.speaker_model_path)}
     return config
 
 

@@ -2,7 +2,11 @@
 file in the official format, as the real client would after a run against the server.
 
 Environment knobs for tests: FAKE_EVENTS (JSON-lines log), FAKE_CLIENT_FAIL_ON (result file
-name that makes it exit 3), FAKE_CLIENT_SLEEP (seconds to hang, for timeouts).
+name that makes it exit 3), FAKE_CLIENT_SLEEP (seconds to hang, for timeouts),
+FAKE_CLIENT_VOICE (an espeak voice of tests/perf/espeak_speech.py: the saved WAVs are that
+voice speaking, not silence, as a server that answers in that voice would leave them),
+FAKE_CLIENT_SIM (with SEED_TTS_SIM_EVAL=1: the SIM the evaluator reports for every utterance;
+"0" is what an evaluator whose speaker model never ran reports).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from espeak_speech import SENTENCES, as_server_wav, speak
 from perf_fixtures import synthetic_run, wer_block, write
 
 
@@ -111,7 +116,14 @@ def main() -> int:
         for i in range(args.num_prompts):
             utt = f"utt_{i:03d}"
             wav = audio_dir / f"{i:05d}_{utt}_en.wav"
-            silent_wav(wav)
+            voice = os.environ.get("FAKE_CLIENT_VOICE")
+            if voice:
+                spoken = speak(audio_dir / f"{i:05d}.espeak.wav", SENTENCES[i % len(SENTENCES)],
+                               voice)
+                as_server_wav(spoken, wav)
+                spoken.unlink()
+            else:
+                silent_wav(wav)
             items.append(
                 {
                     "utterance_id": utt,
@@ -123,6 +135,12 @@ def main() -> int:
                 }
             )
         doc |= wer_block(items, audio_dir=str(audio_dir))
+        if os.environ.get("SEED_TTS_SIM_EVAL") == "1":
+            sim = float(os.environ.get("FAKE_CLIENT_SIM", "0.6"))
+            for n, item in enumerate(items):
+                item["sim"] = 0.0 if sim == 0 else sim + 0.01 * (n % 3)
+            doc |= {"seed_tts_sim_evaluated": len(items),
+                    "seed_tts_sim_mean": sum(i["sim"] for i in items) / max(1, len(items))}
     write(Path(args.result_dir) / args.result_filename, doc)
     return 0
 
