@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
+from espeak_speech import read_pcm16
+from espeak_speech import write_pcm16 as write_wav
 from minicpm_speech_perf import rescore as rs
 from minicpm_speech_perf.cli import main
 from minicpm_speech_perf.rescore import Item
@@ -24,22 +25,6 @@ SENTENCES = (
     "I would like a cup of coffee with milk.",
     "She opened the window and looked at the garden.",
 )
-
-
-def write_wav(path: Path, samples: np.ndarray, rate: int, channels: int = 1) -> Path:
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return path
-
-
-def read_pcm16(path: Path) -> tuple[np.ndarray, int]:
-    with wave.open(str(path), "rb") as w:
-        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32)
-        return data / 32768.0, w.getframerate()
 
 
 @pytest.fixture(scope="module")
