@@ -26,6 +26,7 @@ from .gpumem import MemorySampler
 from .naturalness import MosPredictor, default_mos_predictor, mos_of_wav
 from .procs import ProcessRunner
 from .quality_figures import MOS, SIM, InvalidFigureError, summarize_figure
+from .quality_report import quality_markdown, write_quality_plot
 from .rescore import (
     AsrModelError,
     Item,
@@ -153,7 +154,8 @@ def voice_figures(items: Sequence[Item], references: dict[str, Path], models: Vo
             moses[item.utterance_id] = mos_of_wav(models.naturalness, item.wav)
         except WavError:
             moses[item.utterance_id] = None
-    row: dict[str, Any] = {}
+    # Per utterance too, for the report's distributions (the message keeps only summaries).
+    row: dict[str, Any] = {"sim_items": sims, "mos_items": moses}
     for key, figure, values in (("sim", SIM, sims), ("mos", MOS, moses)):
         try:
             summary = summarize_figure(figure, values)
@@ -190,6 +192,9 @@ def summarize_quality(
         "rows": rows,
     }
     (root / "wer_summary.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    (root / "quality.md").write_text(quality_markdown(doc), encoding="utf-8")
+    if any(row.get("sim_items") or row.get("mos_items") for row in rows):
+        write_quality_plot(rows, root)
     return doc
 
 

@@ -6,6 +6,7 @@ The fake client saves espeak-ng speech in a chosen voice; the models are the rea
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,25 @@ def test_a_server_answering_in_another_voice_keeps_its_wer_and_fails_sim(
     verdict = quality_verdict(GATE, other, same, "last good g")
     assert not verdict.passed and "C8: SIM" in verdict.message and "WER" not in verdict.message
     assert quality_verdict(GATE, same, same, "last good g").passed
+
+
+def test_the_report_shows_each_concurrencys_figures_and_their_spread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, voice_models: VoiceModels) -> None:
+    msg = quality_message(tmp_path, monkeypatch, REFERENCE_VOICE, voice_models)
+    root = tmp_path / "art"
+    summary = json.loads((root / "wer_summary.json").read_text())
+    report = (root / "quality.md").read_text()
+    for row, entry in zip(summary["rows"], msg["wer"], strict=True):
+        assert f"| {row['concurrency']} | " in report
+        assert f"| {row['sim']:.3f} | {row['sim_p10']:.3f} | {row['mos']:.2f} |" in report
+        assert entry["sim"] == pytest.approx(row["sim"], rel=1e-3)
+    assert f"SIM by {voice_models.sim_model}, MOS by {voice_models.naturalness.name}" in report
+    assert (root / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn = json.loads((root / "quality_plot.json").read_text())
+    for row in summary["rows"]:
+        c = str(row["concurrency"])
+        assert drawn["sim"]["series"][c] == list(row["sim_items"].values())
+        assert len(drawn["mos"]["series"][c]) == row["mos_n"] == PROMPTS
 
 
 def test_silent_speech_leaves_the_figures_unmeasured_with_the_reason(
