@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
@@ -87,6 +89,21 @@ def wer_result(config_hash: str, wer: float, mode: str = "dedicated", *, sim: fl
     return wer_message({"config_hash": config_hash, "mode": mode, "started": STARTED,
                         "finished": FINISHED, "status": "ok", "reason": "", "rows": rows,
                         "sim_model": SIM_MODEL, "mos_model": MOS_MODEL})
+
+
+def spoken_quality_result(workdir: Path, config_hash: str, *, other_voice: bool) -> str:
+    """What the quality program itself leaves when the server it measures speaks in the
+    reference prompts' voice, or in another one (espeak-ng): the real run, scored by the real
+    speaker and naturalness models (tests/perf/spoken_quality.py)."""
+    perf_tests = str(Path(__file__).resolve().parents[1] / "perf")
+    if perf_tests not in sys.path:  # its helpers import each other as top-level modules
+        sys.path.insert(0, perf_tests)
+    from spoken_quality import OTHER_VOICE, REFERENCE_VOICE, spoken_quality_message
+
+    voice = OTHER_VOICE if other_voice else REFERENCE_VOICE
+    rc, message = spoken_quality_message(workdir, voice, config_hash=config_hash)
+    assert rc == 0, message
+    return message
 
 
 def finish(cluster: Cluster, job: dict[str, Any], message: str | None, *, failed: bool = False,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
+from minicpm_speech_contract.termination import parse_termination_message
 
 from tests.harness.cluster import Cluster
 from tests.harness.kopf_runner import Operator
@@ -29,6 +32,7 @@ from .perf_journey import (
     perf_spec,
     perf_status,
     program_config,
+    spoken_quality_result,
     sweep_result,
     wer_result,
 )
@@ -175,32 +179,41 @@ async def test_a_failed_gate_rolls_back_to_the_last_good_config(cluster: Cluster
 
 
 async def test_a_config_that_changes_the_speaker_fails_sim_and_rolls_back(
-        cluster: Cluster, operator: Operator) -> None:
-    """Words right, voice wrong: the new config's WER is as good and its throughput better,
-    but its speech no longer sounds like the reference voice. Only SIM sees it."""
+        cluster: Cluster, operator: Operator, tmp_path: Path) -> None:
+    """Words right, voice wrong: the new config's server answers in another voice, its WER
+    is the same and its throughput better, but only SIM sees that its speech no longer
+    sounds like the reference. Both quality results are the quality program's own, run on
+    espeak-ng speech with the real models."""
     good = (await create_and_settle(cluster, perf_spec(rollback=True)))["status"]["configHash"]
     await both_jobs(cluster, good)
-    await complete(cluster, good, tput=25.0)
+    good_result = await asyncio.to_thread(spoken_quality_result, tmp_path / "good", good,
+                                          other_voice=False)
+    finish(cluster, job_of(cluster, "sweep", good), sweep_result(good, {1: 8.0, 8: 25.0}))
+    finish(cluster, job_of(cluster, "wer", good), good_result)
     await cluster.wait_for(lambda: cluster.api.get("configmap", f"{NAME}-deploy-config-lastgood"))
     cluster.api.patch_speech(NAME, {"spec": {"profile": {"name": "low-latency"}}})
     bad = (await cluster.wait_for(
         lambda: (s := settled(cluster)()) and s["status"]["configHash"] != good and s)
     )["status"]["configHash"]
     await both_jobs(cluster, bad)
-    await complete(cluster, bad, tput=26.0, baseline=25.0, sim=0.35)
+    bad_result = await asyncio.to_thread(spoken_quality_result, tmp_path / "bad", bad,
+                                         other_voice=True)
+    finish(cluster, job_of(cluster, "sweep", bad),
+           sweep_result(bad, {1: 8.7, 8: 26.0}, baseline={1: 8.3, 8: 25.0}))
+    finish(cluster, job_of(cluster, "wer", bad), bad_result)
     speech = await cluster.wait_for(
         lambda: (s := cluster.api.get_speech(NAME)) and
         condition(s, "RolledBack").get("status") == "True" and s, message="rolled back")
     assert condition(speech, "PerfGate")["status"] == "True"
     quality_gate = condition(speech, "QualityGate")
     assert quality_gate["status"] == "False"
-    assert f"C8: SIM 0.350 vs 0.720 last good {good} (-0.370, limit -0.01)" in (
-        quality_gate["message"])
-    assert "WER" not in quality_gate["message"] and "MOS" not in quality_gate["message"]
-    assert condition(speech, "Benchmarked")["message"].endswith(
-        "WER 3.0 %, SIM 0.35, MOS 3.9 at C8")  # all three figures in kubectl describe
+    assert "C8: SIM" in quality_gate["message"] and f"last good {good}" in quality_gate["message"]
+    assert "WER" not in quality_gate["message"]  # the words were right
+    good_sim = parse_termination_message(good_result)["wer"][0]["sim"]
+    quality = speech["status"]["perf"]["quality"]
+    assert quality["sim"] < good_sim - 0.05 and quality["simModel"].startswith("resemblyzer")
     assert speech["status"]["configHash"] == good
-    assert speech["status"]["perf"]["quality"]["sim"] == 0.35
+    assert "SIM" in condition(speech, "Benchmarked")["message"]  # all three in kubectl describe
 
 
 async def test_maintenance_scales_serving_to_zero_and_restores_it(cluster: Cluster,

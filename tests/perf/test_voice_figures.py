@@ -11,17 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from espeak_speech import SENTENCES, speak
-from fake_env import FixedSampler, free_port, read_events
+from fake_env import read_events
 from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_operator.perf.gate import quality_verdict
 from minicpm_speech_operator.spec import Gate
-from minicpm_speech_perf.procs import SubprocessRunner
-from minicpm_speech_perf.wer import VoiceModels, finish_quality, run_quality
-from test_wer_orchestration import quality_config
+from minicpm_speech_perf.wer import VoiceModels
+from spoken_quality import (
+    OTHER_VOICE,
+    PROMPTS,
+    REFERENCE_VOICE,
+    spoken_quality_message,
+)
 
-REFERENCE_VOICE, OTHER_VOICE = "us-m3", "gb-f2"
-PROMPTS = 6
 GATE = Gate((8,), max_throughput_loss_percent=5, max_first_audio_p95_rise_percent=10,
             max_wer_percent=6, max_wer_increase_points=1, max_sim_drop=0.01, max_mos_drop=0.05)
 
@@ -31,48 +32,17 @@ def voice_models() -> VoiceModels:
     return VoiceModels.default()
 
 
-def dataset(root: Path) -> Path:
-    """meta.lst and prompt WAVs: each utterance's reference voice is REFERENCE_VOICE."""
-    prompts = root / "en" / "prompts"
-    prompts.mkdir(parents=True)
-    rows = []
-    for i in range(PROMPTS):
-        prompt_text = SENTENCES[(i + 1) % len(SENTENCES)]
-        speak(prompts / f"utt_{i:03d}.wav", prompt_text, REFERENCE_VOICE)
-        rows.append(f"utt_{i:03d}|{prompt_text}|prompts/utt_{i:03d}.wav|"
-                    f"{SENTENCES[i % len(SENTENCES)]}")
-    (root / "en" / "meta.lst").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return root
-
-
-def quality_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, voice: str,
-                    models: VoiceModels) -> dict[str, Any]:
-    monkeypatch.setenv("FAKE_EVENTS", str(tmp_path / "events.jsonl"))
-    monkeypatch.setenv("FAKE_CLIENT_VOICE", voice)
-    port = free_port()
-    client = {"model": "m", "tokenizer": "/t", "dataset_root": str(dataset(tmp_path / "d"))}
-    cfg = quality_config(tmp_path, tmp_path / "events.jsonl", port, highest_gated_concurrency=8,
-                         requests={"measured": PROMPTS, "warmup": 1},
-                         client={**client, "command_prefix": quality_client_prefix()})
-    manifest = run_quality(cfg, SubprocessRunner(), lambda: FixedSampler(2.0))
-    assert manifest["status"] == "ok", manifest["reason"]
-    rc, message = finish_quality(cfg, manifest, voice=models)
+def quality_message(tmp_path: Path, voice: str, models: VoiceModels) -> dict[str, Any]:
+    rc, message = spoken_quality_message(tmp_path, voice, models)
     assert rc == 0, message
     return parse_termination_message(message)
-
-
-def quality_client_prefix() -> list[str]:
-    import sys
-
-    from fake_env import FAKES
-    return [sys.executable, str(FAKES / "fake_client.py")]
 
 
 @pytest.mark.timeout(600)
 def test_a_server_answering_in_another_voice_keeps_its_wer_and_fails_sim(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, voice_models: VoiceModels) -> None:
-    same = quality_message(tmp_path / "same", monkeypatch, REFERENCE_VOICE, voice_models)
-    other = quality_message(tmp_path / "other", monkeypatch, OTHER_VOICE, voice_models)
+    same = quality_message(tmp_path / "same", REFERENCE_VOICE, voice_models)
+    other = quality_message(tmp_path / "other", OTHER_VOICE, voice_models)
     for msg in (same, other):
         assert msg["sim_model"] == voice_models.speaker.name
         assert msg["mos_model"] == voice_models.naturalness.name
@@ -92,7 +62,7 @@ def test_a_server_answering_in_another_voice_keeps_its_wer_and_fails_sim(
 
 def test_the_report_shows_each_concurrencys_figures_and_their_spread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, voice_models: VoiceModels) -> None:
-    msg = quality_message(tmp_path, monkeypatch, REFERENCE_VOICE, voice_models)
+    msg = quality_message(tmp_path, REFERENCE_VOICE, voice_models)
     root = tmp_path / "art"
     summary = json.loads((root / "wer_summary.json").read_text())
     report = (root / "quality.md").read_text()
@@ -110,18 +80,11 @@ def test_the_report_shows_each_concurrencys_figures_and_their_spread(
 
 
 def test_silent_speech_leaves_the_figures_unmeasured_with_the_reason(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, voice_models: VoiceModels) -> None:
-    """The fake's default is silence: nothing to score, so SIM and MOS are null, never 0, and
-    the gate fails on them by name."""
-    monkeypatch.delenv("FAKE_CLIENT_VOICE", raising=False)
-    monkeypatch.setenv("FAKE_EVENTS", str(tmp_path / "events.jsonl"))
-    client = {"model": "m", "tokenizer": "/t", "dataset_root": str(dataset(tmp_path / "d")),
-              "command_prefix": quality_client_prefix()}
-    cfg = quality_config(tmp_path, tmp_path / "events.jsonl", free_port(),
-                         highest_gated_concurrency=1, requests={"measured": 2, "warmup": 1},
-                         client=client)
-    manifest = run_quality(cfg, SubprocessRunner(), lambda: FixedSampler(2.0))
-    rc, message = finish_quality(cfg, manifest, voice=voice_models)
+        tmp_path: Path, voice_models: VoiceModels) -> None:
+    """No voice: the fake saves silence, nothing can be scored, so SIM and MOS are null,
+    never 0, and the gate fails on them by name."""
+    rc, message = spoken_quality_message(tmp_path, "", voice_models, highest_gated_concurrency=1,
+                                         requests={"measured": 2, "warmup": 1})
     msg = parse_termination_message(message)
     assert rc == 0 and msg["wer"][0]["sim"] is None and msg["wer"][0]["sim_n"] == 0
     verdict = quality_verdict(GATE, msg, None, "nothing")
@@ -131,19 +94,12 @@ def test_silent_speech_leaves_the_figures_unmeasured_with_the_reason(
 
 def official_sim_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                      sim: str) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
-    events = tmp_path / "events.jsonl"
-    monkeypatch.setenv("FAKE_EVENTS", str(events))
-    monkeypatch.setenv("FAKE_CLIENT_VOICE", REFERENCE_VOICE)
+    """With a speaker model in the config, and the Job's own choice of models for it."""
     monkeypatch.setenv("FAKE_CLIENT_SIM", sim)
-    client = {"model": "m", "tokenizer": "/t", "dataset_root": str(dataset(tmp_path / "d")),
-              "command_prefix": quality_client_prefix()}
-    cfg = quality_config(tmp_path, events, free_port(), highest_gated_concurrency=1,
-                         requests={"measured": 3, "warmup": 1}, client=client,
-                         similarity={"speaker_model": "/asr/wavlm-sv"})
-    manifest = run_quality(cfg, SubprocessRunner(), lambda: FixedSampler(2.0))
-    # What the Job loads for this config: no speaker encoder of its own, the MOS predictor.
-    rc, message = finish_quality(cfg, manifest)
-    return rc, parse_termination_message(message), read_events(events)
+    rc, message = spoken_quality_message(
+        tmp_path, REFERENCE_VOICE, None, highest_gated_concurrency=1,
+        requests={"measured": 3, "warmup": 1}, similarity={"speaker_model": "/asr/wavlm-sv"})
+    return rc, parse_termination_message(message), read_events(tmp_path / "events.jsonl")
 
 
 def test_with_a_speaker_model_given_sim_is_the_official_evaluators(
