@@ -14,7 +14,7 @@ import pytest
 from fake_env import read_events
 from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_operator.perf.gate import quality_verdict
-from minicpm_speech_operator.spec import Gate
+from minicpm_speech_operator.spec import parse_spec
 from minicpm_speech_perf.wer import VoiceModels
 from spoken_quality import (
     OTHER_VOICE,
@@ -23,8 +23,10 @@ from spoken_quality import (
     spoken_quality_message,
 )
 
-GATE = Gate((8,), max_throughput_loss_percent=5, max_first_audio_p95_rise_percent=10,
-            max_wer_percent=6, max_wer_increase_points=1, max_sim_drop=0.01, max_mos_drop=0.05)
+from tests.controller.builders import claim_spec
+
+# The gate a resource gets by default: SIM may drop 0.01, MOS 0.05.
+GATE = parse_spec(claim_spec()).perf.gate
 
 
 @pytest.fixture(scope="module")
