@@ -7,19 +7,11 @@ a measurement. Silence is therefore refused here, by name, before any model sees
 from __future__ import annotations
 
 import math
-import wave
 from pathlib import Path
 
 import numpy as np
 
-from .rescore import (
-    CorruptWavError,
-    WavError,
-    WavFormatError,
-    inspect_wav,
-    load_for_asr,
-    pcm_to_float,
-)
+from .rescore import WavError, inspect_wav, load_for_asr, read_mono
 
 # Quieter than any speech a TTS server returns, louder than PCM16 dither (-90 dBFS).
 SILENCE_PEAK_DBFS = -60.0
@@ -49,25 +41,13 @@ def check_speech(samples: np.ndarray) -> None:
         raise NoSpeechError(f"silent (peak {level:.1f} dBFS, below {SILENCE_PEAK_DBFS:.0f} dBFS)")
 
 
-def read_mono(path: Path) -> tuple[np.ndarray, int]:
-    """Float32 mono samples at the file's own rate (channels averaged), any PCM width."""
-    info = inspect_wav(path)
-    with wave.open(str(path), "rb") as w:
-        raw = w.readframes(info.frames)
-    if len(raw) < info.frames * info.channels * info.sample_width:
-        raise CorruptWavError(f"{path}: WAV data is shorter than its header says")
-    try:
-        samples = pcm_to_float(raw, info.sample_width)
-    except WavFormatError as exc:
-        raise WavFormatError(f"{path}: {exc}") from None
-    return samples.reshape(-1, info.channels).mean(axis=1), info.sample_rate
-
-
 def read_speech(path: Path) -> tuple[np.ndarray, int]:
-    """`read_mono`, refusing a silent WAV with SilentWavError."""
-    samples, rate = read_mono(path)
+    """Mono samples at the file's own rate (`rescore.read_mono`), refusing a silent WAV with
+    SilentWavError."""
+    info = inspect_wav(path)
+    samples = read_mono(path, info)
     _refuse_silence(path, samples)
-    return samples, rate
+    return samples, info.sample_rate
 
 
 def load_speech_16k(path: Path, *, allow_resample: bool) -> np.ndarray:

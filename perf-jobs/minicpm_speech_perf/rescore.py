@@ -85,15 +85,27 @@ def load_for_asr(path: Path, *, allow_resample: bool = False) -> tuple[np.ndarra
             f"{info.channels} channel(s), {8 * info.sample_width}-bit"
             " (allow resampling to score it)"
         )
+    samples = read_mono(path, info)
+    return resample(samples, info.sample_rate, ASR_RATE), info
+
+
+def read_mono(path: Path, info: WavInfo | None = None) -> np.ndarray:
+    """Float32 mono samples at the file's own rate (channels averaged), any PCM width;
+    ``info`` when the header was already inspected."""
+    info = info or inspect_wav(path)
     with wave.open(str(path), "rb") as w:
         raw = w.readframes(info.frames)
     if len(raw) < info.frames * info.channels * info.sample_width:
         raise CorruptWavError(f"{path}: WAV data is shorter than its header says")
-    samples = pcm_to_float(raw, info.sample_width).reshape(-1, info.channels).mean(axis=1)
-    return resample(samples, info.sample_rate, ASR_RATE), info
+    try:
+        samples = _to_float(raw, info.sample_width)
+    except WavFormatError as exc:
+        raise WavFormatError(f"{path}: {exc}") from None
+    mono: np.ndarray = samples.reshape(-1, info.channels).mean(axis=1)
+    return mono
 
 
-def pcm_to_float(raw: bytes, width: int) -> np.ndarray:
+def _to_float(raw: bytes, width: int) -> np.ndarray:
     if width == 1:
         return (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     if width == 2:

@@ -215,11 +215,11 @@ def _quality_row(root: Path, run: dict[str, Any], asr: Transcriber | None,
         "rescored": None,
         "rescored_judged": 0,
     }
+    items = items_from_result(official, wav_dir(root, c))
     if voice is not None:
-        row.update(voice_figures(items_from_result(official, wav_dir(root, c)), references,
-                                 voice, official))
+        row.update(voice_figures(items, references, voice, official))
     if asr is not None:
-        report = rescore(items_from_result(official, wav_dir(root, c)), asr)
+        report = rescore(items, asr)
         _write_report(root / f"rescore-c{c}.json", report)
         row["rescored"] = report.mean_wer
         row["rescored_judged"] = report.judged
