@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from .status import find_condition
+from .crd_schema import crd
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
@@ -19,22 +20,42 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def status_table(speech: Mapping[str, Any]) -> str:
-    status = speech.get("status") or {}
-    ready = find_condition(status, "Ready").get("status", "")
-    perf = status.get("perf") or {}
-    rows = [
-        ["NAME", "PROFILE", "PHASE", "READY", "CONFIG", "AUDIO-S/S", "WER"],
-        [
-            speech["metadata"]["name"],
-            status.get("profile", ""),
-            status.get("phase", ""),
-            ready,
-            status.get("configHash", ""),
-            str((perf.get("headline") or {}).get("audioThroughput", "")),
-            str((perf.get("quality") or {}).get("werPercent", "")),
-        ],
-    ]
+    """The row `kubectl get minicpmspeech` prints: the CRD's own printer columns, so this view
+    and the cluster's never differ (Age, a time since creation, is left out)."""
+    columns = [c for c in printer_columns() if c["type"] != "date"]
+    rows = [["NAME", *(c["name"].upper() for c in columns)],
+            [speech["metadata"]["name"], *(_text(json_path(speech, c["jsonPath"]))
+                                           for c in columns)]]
     return table(rows)
+
+
+def printer_columns(version: str = "v1alpha1") -> list[dict[str, Any]]:
+    entry = next(v for v in crd()["spec"]["versions"] if v["name"] == version)
+    columns: list[dict[str, Any]] = entry["additionalPrinterColumns"]
+    return columns
+
+
+_PART = re.compile(r"\w+(?:\[[^\]]*\])?")  # a field, with its filter if any
+_FILTER = re.compile(r'^(?P<list>\w+)\[\?\(@\.(?P<key>\w+)=="(?P<value>[^"]*)"\)\]$')
+
+
+def json_path(obj: Any, path: str) -> Any:
+    """The value at a printer column's JSONPath: dotted fields, and a list filtered by one
+    field's value (`.conditions[?(@.type=="Ready")]`), the forms the CRD uses."""
+    for part in _PART.findall(path):
+        match = _FILTER.match(part)
+        items = obj.get(match["list"] if match else part) if isinstance(obj, Mapping) else None
+        if match:
+            items = next((i for i in items or [] if isinstance(i, Mapping)
+                          and str(i.get(match["key"])) == match["value"]), None)
+        obj = items
+        if obj is None:
+            return None
+    return obj
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
 def conditions_table(speech: Mapping[str, Any]) -> str:
