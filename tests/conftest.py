@@ -32,6 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "emulator_only: a test of the emulator itself; it runs against a minimal CRD of the"
         " chart's names and is skipped when KUBECONFIG selects a real cluster",
     )
+    config.addinivalue_line(
+        "markers",
+        "gpu: measures a CUDA device (run it on one: pytest -m gpu); skipped where there is none",
+    )
 
 
 def pytest_report_header() -> str:

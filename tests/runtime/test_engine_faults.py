@@ -132,6 +132,12 @@ def test_voices_the_engine_cannot_set_up_are_refused_before_any_step(setup) -> N
         eng.add_stream("cut", shorter)
     with pytest.raises(ValueError, match=r"prompt_mels: 150 frames > max_prompt_frames \(120\)"):
         eng.add_stream("long", voices[1])
+    one_token = dataclasses.replace(
+        good, key="one", prompt_tokens=good.prompt_tokens[:, :1],
+        prompt_mels=good.prompt_mels[:, : eng.up_rate],
+    )
+    with pytest.raises(ValueError, match=r"2 frames for 1 prompt tokens; .* at least 2 tokens"):
+        eng.add_stream("one", one_token)
     _baseline(eng)
     eng.add_stream("ok", good)  # the engine serves on
     eng.push_tokens("ok", utterance(30, 1), last=True)

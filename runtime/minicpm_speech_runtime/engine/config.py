@@ -11,6 +11,7 @@ CODEBOOK_SIZE = 6561  # speech token ids 0..6560; 6561 is the Talker's EOS and n
 CHUNK_TOKENS = ENGINE_CHUNK_TOKENS  # tokens consumed per chunk (1 s of audio at 25 Hz)
 LOOKAHEAD_TOKENS = ENGINE_LOOKAHEAD_TOKENS  # the encoder's pre-lookahead, kept until the end
 MAX_PROMPT_FRAMES = 500  # a 10 s reference at 50 mel frames a second
+MIN_PROMPT_TOKENS = 2  # a prompt's encoder lookahead cache needs two frames to continue from
 PROMPT_PAD_TOKEN = 4218  # the reference pads the prompt's lookahead with this (silence) token
 HISTORY_FRAMES = 100  # the reference keeps prompt + 100 frames of estimator/encoder history
 
@@ -32,6 +33,8 @@ class EngineConfig:
     ``setup_cache_voices`` voices) and copied to later streams of that voice instead of being
     solved again. ``fused_kernels`` runs the DiT's memory-bound steps and HiFT's Snake as
     Triton kernels where Triton and CUDA are present (same fp32 arithmetic as the torch ops).
+    ``bounded_convs`` runs fp32 convolutions (TF32 off) without cuDNN, whose plans asked for
+    up to 140 GiB of workspace (:mod:`.workspace`); off only to measure that.
     """
 
     max_streams: int = 8
@@ -48,6 +51,7 @@ class EngineConfig:
     idle_timeout_s: float = 30.0
     setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off
     setup_cache_voices: int | None = None  # and at most this many voices, if given (0: off)
+    bounded_convs: bool = True
 
     def __post_init__(self) -> None:
         if self.max_streams < 1:

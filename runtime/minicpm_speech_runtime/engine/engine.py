@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -12,12 +13,13 @@ from typing import Any
 import torch
 
 from ..assets import Code2WavModels
-from .config import EngineConfig
+from .config import MIN_PROMPT_TOKENS, EngineConfig
 from .graphs import CaptureBackend
 from .runner import Runner
 from .scheduler import Scheduler
 from .state import EndReason, Phase, StreamState
 from .transfer import to_host
+from .workspace import bounded_convs
 
 
 class VoiceRefused(ValueError):
@@ -76,10 +78,12 @@ class Code2WavEngine:
                 f"voice prompt_mels: {frames} frames > max_prompt_frames "
                 f"({self.config.max_prompt_frames}); use a shorter reference or raise it"
             )
-        if frames < 2 or frames != self.up_rate * tokens:
+        if tokens < MIN_PROMPT_TOKENS or frames != self.up_rate * tokens:
+            # one token leaves the encoder a lookahead cache too short to continue from (the
+            # reference fails there too); voice preparation never makes one (0.5 s at least)
             raise VoiceRefused(
                 f"voice prompt_mels: {frames} frames for {tokens} prompt tokens; a prepared "
-                f"voice has {self.up_rate} frames per token and at least one token"
+                f"voice has {self.up_rate} frames per token and at least {MIN_PROMPT_TOKENS} tokens"
             )
 
     def add_stream(self, stream_id: Any, voice: Any) -> None:
@@ -113,7 +117,7 @@ class Code2WavEngine:
 
     def precapture(self) -> int:
         """Capture every graph of the grid now (decode shapes first); returns how many."""
-        with self._lock:
+        with self._lock, self._bounded_convs():
             return self.runner.precapture()
 
     def warmup(self) -> int:
@@ -145,7 +149,7 @@ class Code2WavEngine:
             return cancelled or s.end_reason is not None or s.ready_chunk() is not None
 
     def step(self) -> list[ChunkOut]:
-        with torch.profiler.record_function("engine.step"):
+        with torch.profiler.record_function("engine.step"), self._bounded_convs():
             return self._step()
 
     def _step(self) -> list[ChunkOut]:
@@ -176,6 +180,9 @@ class Code2WavEngine:
         return out
 
     # internals
+    def _bounded_convs(self) -> contextlib.AbstractContextManager[None]:
+        return bounded_convs(self.config.bounded_convs and not self.config.tf32)
+
     def _decode(self, batch: list) -> list[ChunkOut]:  # type: ignore[type-arg]
         pcm = self.runner.decode(batch)
         with self.runner.phase("to_host"):

@@ -1,0 +1,116 @@
+"""The conv-memory bench finds every convolution the engine runs, and the engine runs fp32
+convolutions on the bounded path. The bound itself is measured on a GPU
+(``test_conv_memory_gpu.py``, ``bench/conv_memory.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from minicpm_speech_runtime.bench.conv_memory import (
+    SweepRow,
+    conv_calls,
+    distinct_plans,
+    plan_key,
+    sweep_summary,
+)
+from minicpm_speech_runtime.bench.conv_memory import _conv_modules as conv_modules
+from minicpm_speech_runtime.bench.parity import (
+    drain,
+    engine,
+    make_voices,
+    small_models,
+    utterance,
+)
+from minicpm_speech_runtime.engine.config import LOOKAHEAD_TOKENS
+from minicpm_speech_runtime.engine.vocoder import GRAPH_SHAPES, TAIL_SHAPES
+from minicpm_speech_runtime.engine.workspace import OP_MEMORY_BOUND_BYTES, bounded_convs
+
+PROMPT_FRAMES = 24  # prompts of 2 to 12 tokens
+
+
+@pytest.fixture(scope="module")
+def calls(models):  # type: ignore[no-untyped-def]
+    return conv_calls(small_models(models), PROMPT_FRAMES, tf32=False)
+
+
+def _lengths(calls, module: str) -> set[int]:  # type: ignore[no-untyped-def]
+    return {c.length for c in calls if c.module == module}
+
+
+def test_every_conv_the_engine_runs_is_found_at_every_length_it_runs(models, calls) -> None:  # type: ignore[no-untyped-def]
+    small = small_models(models)
+    found = {c.module for c in calls}
+    hift = {m for m in conv_modules(small) if m.startswith("hift.")}
+    assert hift <= found  # HiFT runs all its convs on every chunk
+    lookahead = "flow.encoder.pre_lookahead_layer.conv1"
+    assert {lookahead, "flow.encoder.up_layer.conv"} <= found
+    # the DiT's causal convs are the engine's own GEMMs: no conv module of the estimator runs
+    assert not any(".decoder." in m for m in found)
+    # the lookahead conv reads a prompt's tokens and its lookahead: every prompt length
+    prompts = {t + LOOKAHEAD_TOKENS for t in range(2, PROMPT_FRAMES // small.up_rate + 1)}
+    assert prompts <= _lengths(calls, lookahead)
+    # HiFT's first conv reads the mel frames of every vocoder shape (first, continuing and
+    # last chunks) and of one-chunk utterances down to one token (2 frames)
+    shapes = {frames for frames, _ in GRAPH_SHAPES} | {frames for frames, _ in TAIL_SHAPES}
+    assert _lengths(calls, "hift.conv_pre") == shapes | set(range(2, min(shapes), 2))
+
+
+def test_convs_alike_in_all_cudnn_reads_are_swept_once(models, calls) -> None:  # type: ignore[no-untyped-def]
+    small = small_models(models)
+    modules = conv_modules(small)
+    plans = distinct_plans(small, calls)
+    keys = [plan_key(modules[c.module], c.length) for c in plans]
+    assert len(plans) < len(calls) and len(set(keys)) == len(keys)
+    assert {plan_key(modules[c.module], c.length) for c in calls} == set(keys)
+
+
+def _row(**kw: int) -> SweepRow:
+    base = dict(module="m", kind="Conv1d", channels=8, length=16, batch=1, extra_bytes=0,
+                num_ooms=0, num_alloc_retries=0, first_call_ms=1.0)
+    return SweepRow(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_the_sweep_fails_a_call_over_the_bound_or_one_the_allocator_retried() -> None:
+    ok = [_row(batch=b, extra_bytes=b << 20) for b in (1, 2, 64)]
+    assert sweep_summary(ok, OP_MEMORY_BOUND_BYTES)["ok"]
+    spike = _row(batch=24, extra_bytes=133 << 30)
+    over = sweep_summary([*ok, spike], OP_MEMORY_BOUND_BYTES)
+    assert not over["ok"] and over["worst"]["batch"] == 24
+    assert over["over_bound_or_events_count"] == 1
+    retried = sweep_summary([*ok, _row(batch=20, num_ooms=1, num_alloc_retries=1)],
+                            OP_MEMORY_BOUND_BYTES)
+    assert not retried["ok"] and retried["num_ooms"] == 1
+    with pytest.raises(ValueError, match="no conv calls"):
+        sweep_summary([], OP_MEMORY_BOUND_BYTES)
+
+
+def _cudnn_state_in_convs(models, tf32: bool, bounded: bool = True) -> set[bool]:  # type: ignore[no-untyped-def]
+    """Whether cuDNN was on in each conv call of one engine stream's life."""
+    small = small_models(models)
+    eng = engine(small, tf32=tf32, bounded_convs=bounded)
+    seen: set[bool] = set()
+    handles = [m.register_forward_pre_hook(lambda *_: seen.add(torch.backends.cudnn.enabled))
+               for m in conv_modules(small).values()]
+    try:
+        eng.add_stream("s", make_voices(small, [1.0])[0])
+        eng.push_tokens("s", utterance(30, 0), last=True)
+        for _ in drain(eng, {}, {}):
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def test_the_engine_runs_fp32_convs_without_cudnn_and_tf32_convs_with_it(models) -> None:  # type: ignore[no-untyped-def]
+    assert _cudnn_state_in_convs(models, tf32=False) == {False}
+    assert _cudnn_state_in_convs(models, tf32=True) == {True}
+    assert _cudnn_state_in_convs(models, tf32=False, bounded=False) == {True}
+    assert torch.backends.cudnn.enabled  # and it is back on between steps
+
+
+def test_the_bound_is_lifted_even_when_the_step_fails() -> None:
+    with pytest.raises(RuntimeError, match="boom"), bounded_convs(fp32=True):
+        assert not torch.backends.cudnn.enabled
+        raise RuntimeError("boom")
+    assert torch.backends.cudnn.enabled

@@ -1,0 +1,46 @@
+"""On a GPU, at real dims: no convolution the engine can run asks for more than the bound, and
+the caching allocator never fails and retries, through every conv shape at every batch, a
+warm-up and a burst of cold voices, TF32 off and on.
+
+Opt-in (``pytest -m gpu tests/runtime/test_conv_memory_gpu.py`` on a machine with CUDA): it
+runs ``bench/conv_memory.py``; ``CONV_MEMORY_JSON`` keeps its figures, ``CONV_MEMORY_BATCHES``
+(comma-separated) narrows the batches swept, ``CAMPPLUS_ONNX`` reuses an exported CAM++.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from minicpm_speech_runtime.bench import conv_memory
+from minicpm_speech_runtime.engine.workspace import OP_MEMORY_BOUND_BYTES
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="measures CUDA memory; no GPU here"),
+]
+MAX_STREAMS = 64
+
+
+def test_no_conv_asks_beyond_the_bound_and_the_allocator_never_retries(tmp_path: Path) -> None:
+    out = Path(os.environ.get("CONV_MEMORY_JSON") or tmp_path / "conv-memory.json")
+    argv = ["--generate", "real", "--max-streams", str(MAX_STREAMS), "--json", str(out),
+            "--batches", os.environ.get("CONV_MEMORY_BATCHES", "")]
+    if os.environ.get("CAMPPLUS_ONNX"):
+        argv += ["--campplus-onnx", os.environ["CAMPPLUS_ONNX"]]
+    conv_memory.main(argv)
+    result = json.loads(out.read_text())
+    assert result["bounded_convs"] and result["shapes"]["distinct_plans"] > 100
+    bound_mib = OP_MEMORY_BOUND_BYTES / 2**20
+    for mode in ("tf32_off", "tf32_on"):
+        sweep, burst = result[mode]["sweep"], result[mode]["burst"]
+        assert sweep["ok"], (mode, sweep["over_bound_or_events"][:3])
+        assert sweep["worst_extra_mib"] <= bound_mib
+        assert burst["warmup_events"] == {"num_ooms": 0, "num_alloc_retries": 0}, mode
+        assert burst["burst_events"] == {"num_ooms": 0, "num_alloc_retries": 0}, mode
+        assert burst["warmup_transient_mib"] <= bound_mib, mode
+        assert burst["burst_step_transient_mib"] <= bound_mib, mode
+        assert burst["graph_stats"]["captures_after_warmup"] == 0, mode
