@@ -20,6 +20,7 @@ from minicpm_speech_runtime.engine.workspace import OP_MEMORY_BOUND_BYTES
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.timeout(1800),  # every conv shape at every batch, twice, and two engine bursts
     pytest.mark.skipif(not torch.cuda.is_available(), reason="measures CUDA memory; no GPU here"),
 ]
 MAX_STREAMS = 64
