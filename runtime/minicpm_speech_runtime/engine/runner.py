@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -57,6 +57,8 @@ class DeviceStream:
     frames: FrameMap
     vocoder: VocoderCache
     encoder: EncoderCache  # a slot of the batched encoder's cache slab
+
+MelTap = Callable[[list[object], list[torch.Tensor], list[torch.Tensor]], None]
 
 
 class Runner:
@@ -108,6 +110,9 @@ class Runner:
         self.streams: dict[object, DeviceStream] = {}
         self.slot_moves = 0
         self.profile = False  # when set, phases are timed with a device sync around each
+        # when set, called with each decode's stream ids, the flow's mels [80, frames] for them
+        # and the noise each solve started from, before the vocoder (the fidelity bench)
+        self.mel_tap: MelTap | None = None
         # seconds by phase; a Counter, so a phase starts at 0
         self.phase_s = cast("dict[str, float]", Counter())
 
@@ -266,6 +271,10 @@ class Runner:
         for s, _ in batch:
             self.streams[s.stream_id].frames.truncate()
         caches = [self.streams[s.stream_id].vocoder for s, _ in batch]
+        if self.mel_tap is not None:
+            pairs = zip(offsets, mels, strict=True)
+            noise = [self.estimator.noise([o], m.shape[1])[0] for o, m in pairs]
+            self.mel_tap([s.stream_id for s, _ in batch], mels, noise)
         with self.phase("decode_vocoder"):
             pcm = self.vocoder.run(mels, caches, [c.last for _, c in batch])
         for (s, _), cache in zip(batch, caches, strict=True):
