@@ -114,3 +114,11 @@ def test_the_bound_is_lifted_even_when_the_step_fails() -> None:
         assert not torch.backends.cudnn.enabled
         raise RuntimeError("boom")
     assert torch.backends.cudnn.enabled
+
+
+def test_the_one_matmul_per_tap_policy_computes_the_convolution() -> None:
+    from minicpm_speech_runtime.bench.conv_policies import _gemm_conv
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 16, 40, generator=g), torch.randn(8, 16, 5, generator=g)
+    assert torch.allclose(_gemm_conv(x, w), torch.nn.functional.conv1d(x, w), atol=1e-5)
