@@ -75,3 +75,26 @@ def test_the_closed_loop_can_start_every_stream_as_vllm_omni_does() -> None:
         assert [t for p in pieces for t in p] == list(prefix) + utterance(UTT_TOKENS, sid)
         # 250 tokens end on a 25-token chunk (22 pushed + 3 held); 253 on a 28-token one
         assert len(pieces[-1]) == (22 if not prefix else 25)
+
+
+def test_a_bench_builds_an_engine_only_once_the_last_one_is_gone(models) -> None:  # type: ignore[no-untyped-def]
+    """An engine's graph closures make reference cycles; a sweep of concurrencies must not
+    hold the last engine's caches while it builds the next (C128 beside C64 did not fit)."""
+    import gc
+    import weakref
+
+    from minicpm_speech_runtime.bench.engine_bench import new_engine
+    from minicpm_speech_runtime.engine import EngineConfig
+
+    cfg = EngineConfig(max_streams=2, micro_batch=2, max_prompt_frames=300, tf32=False)
+    first = new_engine(models, cfg)
+    first.runner.owner_engine = first  # type: ignore[attr-defined]  # a cycle, as closures make
+    gone = weakref.ref(first)
+    del first
+    gc.disable()  # no collection but the one the bench itself asks for
+    try:
+        assert gone() is not None
+        second = new_engine(models, cfg)
+        assert gone() is None and second.free_slots == 2
+    finally:
+        gc.enable()

@@ -46,6 +46,7 @@ from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, MIN_PROMPT_TOKENS
 from ..engine.workspace import OP_MEMORY_BOUND_BYTES, bounded_convs
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..voice.device import PreparedVoice
+from .engine_bench import new_engine
 
 ALLOCATOR_EVENTS = ("num_ooms", "num_alloc_retries")
 _CONV_TYPES = (nn.Conv1d, nn.ConvTranspose1d)
@@ -139,7 +140,7 @@ def conv_calls(models: Code2WavModels, max_prompt_frames: int, tf32: bool) -> li
         max_streams=1, micro_batch=1, max_prompt_frames=max_prompt_frames, tf32=tf32,
         cuda_graphs=False, setup_cache_mib=0,
     )
-    eng = Code2WavEngine(models, cfg)
+    eng = new_engine(models, cfg)
     prompts = list(range(MIN_PROMPT_TOKENS, max_prompt_frames // models.up_rate + 1))
     utterances = list(range(1, 3 * CHUNK_TOKENS + LOOKAHEAD_TOKENS + 1))
     with recording(_conv_modules(models)) as seen, torch.no_grad():
@@ -234,7 +235,7 @@ def burst(
                        graph_budget=72, bounded_convs=bounded)
     torch.cuda.synchronize()
     events = _events()
-    eng = Code2WavEngine(models, cfg)
+    eng = new_engine(models, cfg)
     before_warmup = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

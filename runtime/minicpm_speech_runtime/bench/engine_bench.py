@@ -76,6 +76,16 @@ def _reset_peak() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def new_engine(models: Code2WavModels, cfg: EngineConfig) -> Code2WavEngine:
+    """An engine built only once the last one is gone: its graph closures make reference
+    cycles, which keep its slots' caches and graph pools until a collection. A C128 engine
+    built while the C64 one still held 115 GiB did not fit on the H200."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return Code2WavEngine(models, cfg)
+
+
 def _peak_gib() -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
@@ -97,7 +107,7 @@ def parity(models: Code2WavModels, voices: list[Any], graphs: bool, fused: bool)
         cfg = EngineConfig(
             max_streams=4, micro_batch=4, tf32=False, cuda_graphs=graphs, fused_kernels=fused
         )
-        eng = Code2WavEngine(models, cfg)
+        eng = new_engine(models, cfg)
         eng.warmup()
         got: dict[Any, list[np.ndarray]] = {}
         reasons: dict[Any, str] = {}
@@ -227,7 +237,7 @@ def setup_burst(
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     cfg = EngineConfig(max_streams=n, micro_batch=min(8, n), graph_budget=BENCH_GRAPH_BUDGET,
                        setup_cache_mib=0, fused_kernels=fused)
-    eng = Code2WavEngine(models, cfg)
+    eng = new_engine(models, cfg)
     eng.warmup()
     res: dict[str, Any] = {"voices": n, "micro_batch": cfg.micro_batch, "runs_ms": []}
     for rep in range(3):
@@ -273,7 +283,7 @@ def run_engine(
         setup_cache_mib=0,
         fused_kernels=fused,
     )
-    eng = Code2WavEngine(models, cfg)
+    eng = new_engine(models, cfg)
     _sync()
     t0 = time.perf_counter()
     eng.warmup()

@@ -27,7 +27,7 @@ from ..assets import load_code2wav
 from ..engine import Code2WavEngine, EngineConfig
 from ..engine.graphs import GraphKey
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
-from .engine_bench import BENCH_GRAPH_BUDGET
+from .engine_bench import BENCH_GRAPH_BUDGET, new_engine
 from .parity import make_voices, utterance
 
 
@@ -114,7 +114,7 @@ def device_parts(
     micro = min(8, a.max_streams)
     cfg = EngineConfig(max_streams=a.max_streams, micro_batch=micro,
                        graph_budget=BENCH_GRAPH_BUDGET, fused_kernels=a.fused == "on")
-    eng = Code2WavEngine(models, cfg)
+    eng = new_engine(models, cfg)
     t0 = time.perf_counter()
     eng.warmup()
     res: dict[str, Any] = {
@@ -202,7 +202,7 @@ def steady_timeline(models: Any, conc: int, fused: bool, steps: int = 8) -> dict
         max_streams=conc, micro_batch=min(8, conc), graph_budget=BENCH_GRAPH_BUDGET,
         setup_cache_mib=0, fused_kernels=fused,
     )
-    eng = Code2WavEngine(models, cfg)
+    eng = new_engine(models, cfg)
     eng.warmup()
     loop, live = steady_loop(eng, voices, conc)
     _sync()

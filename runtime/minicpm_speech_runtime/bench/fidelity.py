@@ -42,6 +42,7 @@ from ..engine import Code2WavEngine, EngineConfig
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..voice.device import PreparedVoice
 from ..voice.dsp import prompt_mel_24k
+from .engine_bench import new_engine
 from .parity import drain, fixed_nsf_noise, make_voices, utterance
 
 REFERENCE = {"tf32": False}  # the engine every candidate is held against: fp32 throughout
@@ -106,7 +107,7 @@ def summarize(streams: Iterable[dict[str, Energy]]) -> dict[str, float]:
 
 
 def default_engine(models: Code2WavModels, overrides: dict[str, Any]) -> Code2WavEngine:
-    return Code2WavEngine(models, EngineConfig(**overrides))
+    return new_engine(models, EngineConfig(**overrides))
 
 
 def stream_audio(
