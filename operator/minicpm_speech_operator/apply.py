@@ -8,6 +8,10 @@ Writing is split in three so that a set of children is written all or none: :fun
 reads and decides each child's write (and finds a conflict before anything is written),
 :func:`rehearse` sends every write as a server-side dry run, which meets the API server's
 validation and its admission webhooks and policies, and only then :func:`carry_out` writes.
+
+Some fields another controller owns once the object exists (the replicas of an autoscaled
+Deployment): passed as ``create_only``, they are set on create and left out of every patch
+and every comparison, so a reconcile never writes them back.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from minicpm_speech_contract.paths import dig
 from .errors import InvalidSpec
 from .kubeapi import AlreadyExists, KubeApi
 
-Action = Literal["created", "updated", "unchanged"]
+Action = Literal["created", "updated", "unchanged", "deleted"]
+MapPath = tuple[str, ...]
+# By kind: the paths written only when the object is created.
+CreateOnly = dict[str, list[MapPath]]
 
 # Maps the operator owns whole: a key it no longer sets is removed, not left behind.
 OWNED_MAPS: dict[str, list[tuple[str, ...]]] = {
     "ConfigMap": [("data",)],
-    "Deployment": [("spec", "template", "spec", "nodeSelector")],
+    # A switch to Recreate must drop rollingUpdate, which the API server refuses beside it.
+    "Deployment": [("spec", "template", "spec", "nodeSelector"), ("spec", "strategy")],
 }
 
 
@@ -55,9 +63,6 @@ def is_controlled_by(live: Mapping[str, Any], owner_uid: str) -> bool:
         ref.get("uid") == owner_uid and ref.get("controller")
         for ref in live.get("metadata", {}).get("ownerReferences") or []
     )
-
-
-MapPath = tuple[str, ...]
 
 
 def stale_keys(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[MapPath, list[str]]:
@@ -100,7 +105,25 @@ class Write:
         return "unchanged" if self.patch is None else "updated"
 
 
-async def plan(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> Write:
+def without(obj: dict[str, Any], paths: list[MapPath]) -> dict[str, Any]:
+    """A copy of ``obj`` without the fields at ``paths`` (the maps along them copied)."""
+    if not paths:
+        return obj
+    copied = dict(obj)
+    for path in paths:
+        parent = copied
+        for key in path[:-1]:
+            if not isinstance(parent.get(key), Mapping):
+                break
+            parent[key] = dict(parent[key])
+            parent = parent[key]
+        else:
+            parent.pop(path[-1], None)
+    return copied
+
+
+async def plan(api: KubeApi, desired: dict[str, Any], owner_uid: str,
+               create_only: CreateOnly | None = None) -> Write:
     """Read the child and decide its write; a child someone else owns stops everything."""
     kind, meta = desired["kind"], desired["metadata"]
     live = await api.get(kind, meta["namespace"], meta["name"])
@@ -112,6 +135,7 @@ async def plan(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> Write:
             "exists and is not controlled by this MiniCPMSpeech",
             "Delete or rename that object, or give this MiniCPMSpeech another name",
         )
+    desired = without(desired, (create_only or {}).get(kind, []))
     if is_subset(desired, live) and not stale_keys(desired, live):
         return Write(desired, live, None)
     return Write(desired, live, merge_patch(desired, live))
@@ -129,12 +153,13 @@ async def rehearse(api: KubeApi, write: Write) -> None:
                         dry_run=True)
 
 
-async def carry_out(api: KubeApi, write: Write, owner_uid: str) -> tuple[Any, Action]:
+async def carry_out(api: KubeApi, write: Write, owner_uid: str,
+                    create_only: CreateOnly | None = None) -> tuple[Any, Action]:
     if write.live is None:
         try:
             return await api.create(write.desired), "created"
         except AlreadyExists:  # a racing writer created it: converge onto that one
-            write = await plan(api, write.desired, owner_uid)
+            write = await plan(api, write.desired, owner_uid, create_only)
             if write.live is None:
                 raise
     if write.patch is None:
@@ -150,10 +175,31 @@ async def apply(api: KubeApi, desired: dict[str, Any], owner_uid: str) -> tuple[
     return await carry_out(api, await plan(api, desired, owner_uid), owner_uid)
 
 
-async def apply_all(api: KubeApi, children: list[dict[str, Any]], owner_uid: str
-                    ) -> list[tuple[Any, Action]]:
-    """Every child written, or none: each write is rehearsed before the first is made."""
-    writes = [await plan(api, child, owner_uid) for child in children]
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """A child the resource no longer wants (an autoscaler turned off): deleted with the
+    writes, and only when this resource controls it."""
+
+    kind: str
+    namespace: str
+    name: str
+
+
+async def apply_all(api: KubeApi, children: list[dict[str, Any]], owner_uid: str, *,
+                    create_only: CreateOnly | None = None, retire: tuple[Retired, ...] = ()
+                    ) -> tuple[list[tuple[Any, Action]], list[Retired]]:
+    """Every child written, or none: each write is rehearsed before the first is made.
+
+    Retired children go first, once every write has passed its rehearsal: an autoscaler is
+    gone before the Deployment's replicas are written again, so the two never both write
+    them. Returns each child's object and action, and the retired children deleted."""
+    writes = [await plan(api, child, owner_uid, create_only) for child in children]
     for write in writes:
         await rehearse(api, write)
-    return [await carry_out(api, write, owner_uid) for write in writes]
+    deleted = []
+    for child in retire:
+        live = await api.get(child.kind, child.namespace, child.name)
+        if live is not None and is_controlled_by(live, owner_uid) and await api.delete(
+                child.kind, child.namespace, child.name):
+            deleted.append(child)
+    return [await carry_out(api, write, owner_uid, create_only) for write in writes], deleted

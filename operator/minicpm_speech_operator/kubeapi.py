@@ -83,6 +83,8 @@ class KubeApi:
             "Secret": _verbs(core, "namespaced_secret"),
             "Service": _verbs(core, "namespaced_service"),
             "Deployment": _verbs(apps, "namespaced_deployment"),
+            "HorizontalPodAutoscaler": _verbs(k8s.AutoscalingV2Api(client),
+                                              "namespaced_horizontal_pod_autoscaler"),
             # The benchmark Jobs, and their pods, read for the termination message only.
             "Job": _verbs(k8s.BatchV1Api(client), "namespaced_job"),
             "Pod": _verbs(core, "namespaced_pod"),

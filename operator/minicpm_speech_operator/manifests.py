@@ -20,6 +20,7 @@ from minicpm_speech_contract.supervisor import (
     vllm_serve_argv,
 )
 
+from .autoscaling import target_quantity
 from .names import DEPLOY_CONFIG_SUFFIX
 from .serving_config import ServingConfig
 from .spec import SpeechSpec
@@ -122,14 +123,17 @@ def build_service(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict[st
 
 
 def build_deployment(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict[str, Any]:
+    """While autoscaling is on, ``spec.replicas`` is minReplicas here, but it is written only
+    when the Deployment is created (:data:`HPA_OWNED`): from then on the count is the HPA's."""
+    scaling = spec.autoscaling
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(owner, owner.name, cfg),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": scaling.min_replicas if scaling.enabled else spec.replicas,
             "selector": {"matchLabels": selector_labels(owner)},
-            "strategy": _rollout_strategy(spec.replicas),
+            "strategy": _rollout_strategy(most_replicas(spec)),
             # A stuck rollout is reported only after the longest legitimate start.
             "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 600,
             "template": {
@@ -143,13 +147,62 @@ def build_deployment(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict
     }
 
 
+# The Deployment's fields the HorizontalPodAutoscaler owns while autoscaling is on: the
+# operator sets them when it creates the Deployment and never patches them afterwards.
+HPA_OWNED: dict[str, list[tuple[str, ...]]] = {"Deployment": [("spec", "replicas")]}
+# Scale-down is slow and one pod at a time: a burst's lull must not take away a pod that took
+# minutes to warm up, only for the next burst to wait for a new one. Scale-up is the HPA's
+# default (double, or add four, every 15 s), since a pod takes minutes to join anyway.
+SCALE_DOWN_STABILIZATION_SECONDS = 600
+SCALE_DOWN_PERIOD_SECONDS = 300
+
+
+def most_replicas(spec: SpeechSpec) -> int:
+    """The most serving pods the spec can run at once."""
+    scaling = spec.autoscaling
+    return (scaling.max_replicas or 1) if scaling.enabled else spec.replicas
+
+
+def build_hpa(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict[str, Any]:
+    """The HorizontalPodAutoscaler of an autoscaled resource (why an HPA: autoscaling.py).
+
+    A ``Pods`` metric, the per-pod value the Prometheus Adapter serves from each serving pod's
+    own ``/metrics``, averaged over the pods and held at ``averageValue``."""
+    scaling = spec.autoscaling
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(owner, owner.name, cfg),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                               "name": owner.name},
+            "minReplicas": scaling.min_replicas,
+            "maxReplicas": scaling.max_replicas,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": scaling.pod_metric.name},
+                "target": {"type": "AverageValue", "averageValue": target_quantity(scaling)},
+            }}],
+            "behavior": {"scaleDown": {
+                "stabilizationWindowSeconds": SCALE_DOWN_STABILIZATION_SECONDS,
+                "selectPolicy": "Min",
+                "policies": [{"type": "Pods", "value": 1,
+                              "periodSeconds": SCALE_DOWN_PERIOD_SECONDS}],
+            }},
+        },
+    }
+
+
 def build_children(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> list[dict[str, Any]]:
-    """In apply order: the config exists before the pod that mounts it."""
-    return [
+    """In apply order: the config exists before the pod that mounts it, and the Deployment
+    before the autoscaler that scales it."""
+    children = [
         build_configmap(owner, cfg),
         build_deployment(owner, spec, cfg),
         build_service(owner, spec, cfg),
     ]
+    if spec.autoscaling.enabled:
+        children.append(build_hpa(owner, spec, cfg))
+    return children
 
 
 def _rollout_strategy(replicas: int) -> dict[str, Any]:

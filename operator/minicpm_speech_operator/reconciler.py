@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import metrics
-from .apply import ChildConflict, apply, apply_all, is_controlled_by
+from .apply import ChildConflict, Retired, apply, apply_all, is_controlled_by
 from .errors import InvalidSpec, capped
 from .kubeapi import AlreadyExists, KubeApi
 from .manifests import (
     CONFIG_HASH_KEY,
+    HPA_OWNED,
     Owner,
     build_children,
     configmap_name,
@@ -45,6 +46,7 @@ from .spec import SpeechSpec, parse_spec
 from .status import (
     PerfView,
     Served,
+    autoscaling_status,
     build_status,
     condition_from,
     find_condition,
@@ -114,11 +116,18 @@ class Reconciler:
             # All or none: what the server or its admission would refuse stops here, before
             # the first write, the benchmark Jobs included.
             await self._rehearse_jobs(owner, perf)
-            for child, (live, action) in zip(
-                    children, await apply_all(self._api, children, owner.uid), strict=True):
+            scaled = serve_spec.autoscaling.enabled
+            applied, retired = await apply_all(
+                self._api, children, owner.uid, create_only=HPA_OWNED if scaled else None,
+                # Looked for even when autoscaling was never on: the cluster, not the status,
+                # says whether an autoscaler of this resource is left.
+                retire=() if scaled else (
+                    Retired("HorizontalPodAutoscaler", owner.namespace, owner.name),))
+            for child, (live, action) in zip(children, applied, strict=True):
                 changes.append((child["kind"], child["metadata"]["name"], action))
                 if child["kind"] == "Deployment":
                     deployment = live
+            changes += [(gone.kind, gone.name, "deleted") for gone in retired]
             events = await self._carry_out(owner, perf)
         except InvalidSpec as conflict:
             metrics.FAILURES.labels(conflict.reason).inc()
@@ -127,8 +136,10 @@ class Reconciler:
                         endpoint_url(owner, serve_spec), configmap_name(owner))
         status = build_status(
             generation=body["metadata"].get("generation", 0), served=served,
-            deployment=deployment, replicas=0 if perf.scale_to_zero else spec.replicas,
+            deployment=deployment,
+            replicas=0 if perf.scale_to_zero else wanted_replicas(spec, deployment),
             invalid=None, previous=previous, now=self._clock(), perf=perf.view,
+            autoscaling=autoscaling_status(spec.autoscaling, owner.name, deployment),
         )
         await self._publish(body, status, changes, events)
         return Outcome("ok", changes, status)
@@ -152,7 +163,7 @@ class Reconciler:
                 last_good = lastgood_from_configmap(record)
             if spec.perf.placement == "live":
                 deployment = await self._api.get("Deployment", ns, owner.name)
-                ready = _serves(deployment, cfg.config_hash, spec.replicas)
+                ready = _serves(deployment, cfg.config_hash, wanted_replicas(spec, deployment))
         return plan(spec, cfg, Observed(attempts, results, last_good, ready), previous.get("perf"))
 
     async def _carry_out(self, owner: Owner, perf: PerfPlan) -> list[tuple[str, str, str]]:
@@ -233,6 +244,7 @@ class Reconciler:
             generation=body["metadata"].get("generation", 0), served=served_from(previous),
             deployment=deployment, replicas=replicas, invalid=invalid,
             previous=previous, now=self._clock(), perf=_kept_perf(previous),
+            autoscaling=previous.get("autoscaling"),
         )
         await self._publish(body, status, [])
         return Outcome("invalid", [], status)
@@ -250,7 +262,8 @@ class Reconciler:
             self._emit(body, *event)
         if status != {key: previous.get(key) for key in status}:
             meta = body["metadata"]
-            patch = {**status, "perf": with_removals(previous.get("perf"), status.get("perf"))}
+            patch = {**status, **{key: with_removals(previous.get(key), status.get(key))
+                                  for key in ("perf", "autoscaling")}}
             await self._api.patch_speech_status(meta["namespace"], meta["name"], patch)
 
 
@@ -279,6 +292,15 @@ def with_removals(old: Any, new: Any) -> Any:
     patch = {key: with_removals(old.get(key), value) for key, value in new.items()}
     patch.update({key: None for key in old if key not in new})
     return patch
+
+
+def wanted_replicas(spec: SpeechSpec, deployment: Mapping[str, Any] | None) -> int:
+    """The serving pods the resource wants now: spec.replicas, or while autoscaling is on
+    the count the HorizontalPodAutoscaler last gave the Deployment."""
+    if not spec.autoscaling.enabled:
+        return spec.replicas
+    scaled = ((deployment or {}).get("spec") or {}).get("replicas")
+    return scaled if isinstance(scaled, int) else spec.autoscaling.min_replicas
 
 
 def _serves(deployment: Mapping[str, Any] | None, config_hash: str, replicas: int) -> bool:
@@ -321,6 +343,8 @@ def transition_events(
         kind = "Normal" if new_bench["status"] == "True" else "Warning"
         events.append((kind, "Benchmarked" if kind == "Normal" else new_bench["reason"],
                        f"{(status.get('perf') or {}).get('configHash')}: {new_bench['message']}"))
+    events += autoscaling_events(previous.get("autoscaling"), status.get("autoscaling"),
+                                 status.get("replicas"))
     if previous.get("phase") != status.get("phase"):
         kind = "Warning" if status["phase"] == "Degraded" else "Normal"
         message = find_condition(status, "Ready").get("message", "")
@@ -331,3 +355,22 @@ def transition_events(
             message = f"{new_degraded.get('reason')}: {why}; meanwhile {message}"
         events.append((kind, f"Phase{status['phase']}", message))
     return events
+
+
+def autoscaling_events(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
+                       replicas: Any) -> list[tuple[str, str, str]]:
+    """Autoscaling turned on, retargeted or off, as `kubectl describe` should tell it."""
+    if not new:
+        if not old:
+            return []
+        return [("Normal", "AutoscalingDisabled",
+                 f"HorizontalPodAutoscaler {old.get('horizontalPodAutoscaler')} deleted; the "
+                 f"Deployment follows spec.replicas ({replicas}) again")]
+    keys = ("minReplicas", "maxReplicas", "metric", "target")
+    if old and all(old.get(key) == new.get(key) for key in keys):
+        return []
+    return [("Normal", "AutoscalingEnabled" if not old else "AutoscalingChanged",
+             f"HorizontalPodAutoscaler {new['horizontalPodAutoscaler']} scales the Deployment "
+             f"from {new['minReplicas']} to {new['maxReplicas']} pods on {new['metric']} "
+             f"{new['target']:g} ({new['podMetric']} at {new['podMetricTarget']} per pod); "
+             "the operator no longer writes its replicas")]

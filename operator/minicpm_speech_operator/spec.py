@@ -10,6 +10,7 @@ from typing import Any, Literal
 from kubernetes.utils.quantity import parse_quantity
 from minicpm_speech_contract.bounded import BoundedInputError, check_parsed
 
+from .autoscaling import Autoscaling, check_autoscaling, parse_autoscaling
 from .crd_schema import spec_schema, validate_spec, with_defaults
 from .errors import InvalidSpec
 
@@ -119,6 +120,7 @@ class Perf:
 @dataclass(frozen=True, slots=True)
 class SpeechSpec:
     replicas: int
+    autoscaling: Autoscaling
     model: ModelSource
     profile: ProfileRef
     profile_overrides: Mapping[str, Any]
@@ -137,6 +139,7 @@ def parse_spec(raw: Any) -> SpeechSpec:
     validate_spec(spec)
     parsed = SpeechSpec(
         replicas=spec["replicas"],
+        autoscaling=parse_autoscaling(spec["autoscaling"]),
         model=_model(spec["model"]),
         profile=_profile(spec["profile"]),
         profile_overrides=spec.get("profileOverrides", {}),
@@ -145,6 +148,7 @@ def parse_spec(raw: Any) -> SpeechSpec:
         raw=spec,
     )
     check_runtime(parsed.runtime)
+    check_autoscaling(parsed.autoscaling)
     check_perf(parsed)
     return parsed
 
@@ -287,6 +291,13 @@ def check_perf(spec: SpeechSpec) -> None:
                 f"{c} is not measured: spec.perf.concurrencies is {list(perf.concurrencies)}",
                 "Gate only concurrencies the sweep runs, or add it to spec.perf.concurrencies",
             )
+    if perf.placement == "maintenance" and spec.autoscaling.enabled:
+        raise InvalidSpec(
+            "spec.perf.placement",
+            "maintenance scales serving to zero for the benchmark, but the "
+            "HorizontalPodAutoscaler owns the replicas while spec.autoscaling.enabled is true",
+            "Use placement dedicated or live, or turn autoscaling off",
+        )
     if not perf.enabled:
         return
     for field, value, what in (
@@ -299,7 +310,7 @@ def check_perf(spec: SpeechSpec) -> None:
                 "is required when spec.perf.enabled is true",
                 f"Name the PersistentVolumeClaim holding {what}, or set spec.perf.enabled false",
             )
-    if perf.placement == "live" and spec.replicas == 0:
+    if perf.placement == "live" and spec.replicas == 0 and not spec.autoscaling.enabled:
         raise InvalidSpec(
             "spec.perf.placement",
             "live measures the serving Service, but spec.replicas is 0",

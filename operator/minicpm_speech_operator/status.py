@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .autoscaling import Autoscaling, target_quantity
 from .errors import InvalidSpec, capped
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
@@ -133,6 +134,7 @@ def build_status(
     previous: Mapping[str, Any],
     now: str,
     perf: PerfView | None = None,
+    autoscaling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     perf = perf or PerfView(None)
     rollout = rollout_conditions(deployment, replicas)
@@ -153,6 +155,7 @@ def build_status(
             [*conditions, *perf.conditions], previous, generation, now),
         # null removes a stale status.perf (merge patch) once perf is off.
         "perf": dict(perf.status) if perf.status is not None else None,
+        "autoscaling": dict(autoscaling) if autoscaling is not None else None,
     }
     if served is not None:
         status |= {
@@ -182,6 +185,29 @@ def _with_transition_times(
             "lastTransitionTime": since or now,
         })
     return rendered
+
+
+def autoscaling_status(scaling: Autoscaling, name: str,
+                       deployment: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """status.autoscaling: what the HorizontalPodAutoscaler was told, and the replicas it set
+    on the Deployment (``desiredReplicas``) beside the pods the Deployment has."""
+    if not scaling.enabled:
+        return None
+    deployment = deployment or {}
+    status = {
+        "horizontalPodAutoscaler": name,
+        "minReplicas": scaling.min_replicas,
+        "maxReplicas": scaling.max_replicas,
+        "metric": scaling.metric,
+        "target": scaling.target,
+        "podMetric": scaling.pod_metric.name,
+        "podMetricTarget": target_quantity(scaling),
+        "currentReplicas": (deployment.get("status") or {}).get("replicas", 0),
+    }
+    desired = (deployment.get("spec") or {}).get("replicas")
+    if isinstance(desired, int):
+        status["desiredReplicas"] = desired
+    return status
 
 
 def served_from(previous: Mapping[str, Any]) -> Served | None:

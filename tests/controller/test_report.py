@@ -8,6 +8,7 @@ from minicpm_speech_operator.report import printer_columns, status_table
 def test_the_table_is_the_crds_printer_columns() -> None:
     speech = {"metadata": {"name": "speech"}, "status": {
         "profile": "default", "phase": "Ready", "configHash": "abc",
+        "replicas": 3, "readyReplicas": 2,
         "conditions": [{"type": "Progressing", "status": "False"},
                        {"type": "Ready", "status": "True"}],
         "perf": {"headline": {"audioThroughput": 24.5},
@@ -17,7 +18,8 @@ def test_the_table_is_the_crds_printer_columns() -> None:
     assert header == ["NAME", *names]
     assert dict(zip(header, row, strict=True)) == {
         "NAME": "speech", "PROFILE": "default", "PHASE": "Ready", "READY": "True",
-        "CONFIG": "abc", "AUDIO-S/S": "24.5", "WER": "3.1", "SIM": "0.72"}
+        "REPLICAS": "3", "AVAILABLE": "2", "CONFIG": "abc", "AUDIO-S/S": "24.5", "WER": "3.1",
+        "SIM": "0.72"}
 
 
 def test_a_resource_without_status_prints_its_name_only() -> None:

@@ -79,12 +79,14 @@ def lastgood_from_configmap(configmap: Mapping[str, Any] | None) -> LastGood | N
         return None
 
 
-def serving_of(record: LastGood, replicas: int) -> tuple[SpeechSpec, ServingConfig] | None:
-    """The spec and config to serve on rollback, at today's replica count; None when the
-    recorded spec is no longer valid (a newer CRD refuses it): then there is nothing to
-    roll back to."""
+def serving_of(record: LastGood, today: SpeechSpec) -> tuple[SpeechSpec, ServingConfig] | None:
+    """The spec and config to serve on rollback, scaled as today's spec says (its replicas or
+    its autoscaling, and its benchmark placement, which must agree with the autoscaling); None
+    when the recorded spec is no longer valid (a newer CRD refuses it): then there is nothing
+    to roll back to."""
+    scaling = {key: today.raw[key] for key in ("replicas", "autoscaling", "perf")}
     try:
-        spec = parse_spec({**record.spec, "replicas": replicas})
+        spec = parse_spec({**record.spec, **scaling})
     except InvalidSpec:
         return None
     return spec, ServingConfig(record.profile, record.deploy_config, record.config_hash)

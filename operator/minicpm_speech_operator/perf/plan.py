@@ -100,7 +100,7 @@ def plan(spec: SpeechSpec, cfg: ServingConfig, seen: Observed,
     failed = [v for v in verdicts.values() if v is not None and not v.passed]
     serve = None
     if failed and finished and perf.rollback and last_good and last_good.config_hash != config_hash:
-        serve = serving_of(last_good, spec.replicas)
+        serve = serving_of(last_good, spec)
     record = None
     passed = all(v is not None and v.passed for v in verdicts.values())
     if finished and passed and (last_good is None or last_good.config_hash != config_hash):
@@ -136,7 +136,7 @@ def _baseline_arm(spec: SpeechSpec, last_good: LastGood | None, config_hash: str
     both arms; otherwise the gate compares with the last good's recorded numbers."""
     if last_good is None or last_good.config_hash == config_hash or spec.perf.placement == "live":
         return None
-    served = serving_of(last_good, spec.replicas)
+    served = serving_of(last_good, spec)
     if served is None:
         return None
     old, old_cfg = served
