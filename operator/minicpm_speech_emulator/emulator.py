@@ -55,6 +55,8 @@ _NAMESPACE_PATH = re.compile(
     r"/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?"
 )
 
+_WRITES = ("POST", "PUT", "PATCH")
+
 # Watches end when the emulator stops, so that the HTTP server does not wait for them.
 _END_OF_STREAM = object()
 
@@ -213,6 +215,10 @@ class ApiRequest:
     namespace: str | None
     name: str | None
     user_agent: str
+    # What a write sent (a merge patch, a created object), so a test can tell which fields
+    # a client wrote; None for reads and for a body that is not JSON.
+    body: Any = dataclasses.field(default=None, compare=False, repr=False)
+    dry_run: bool = dataclasses.field(default=False, compare=False)
 
 
 def rbac_verb(request: kmock.Request) -> str:
@@ -339,6 +345,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 namespace=request.namespace,
                 name=request.name,
                 user_agent=request.headers.get("User-Agent", ""),
+                body=request.data if str(request.method.value).upper() in _WRITES else None,
+                dry_run="dryRun" in request.params,
             )
             for request in list(self._requests)
             if _is_resource_request(request) and request.resource is not None
@@ -393,12 +401,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # aiohttp's own limit (1 MiB, answered in plain text) gives way to the API server's.
         raw_request = raw_request.clone(client_max_size=MAX_OBJECT_BYTES + 1)
-        if raw_request.method in ("POST", "PUT", "PATCH") and await _too_large(raw_request):
+        if raw_request.method in _WRITES and await _too_large(raw_request):
             return aiohttp.web.json_response(status=413, data={
                 "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
                 "code": 413, "reason": "RequestEntityTooLarge",
                 "message": f"Request entity too large: limit is {MAX_OBJECT_BYTES}"})
-        if raw_request.method in ("POST", "PUT", "PATCH") and _too_deep(
+        if raw_request.method in _WRITES and _too_deep(
                 (await raw_request.read()).decode(errors="replace")):
             return aiohttp.web.json_response(status=400, data={
                 "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
@@ -477,7 +485,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         dry_run = _dry_run(request, verb)
         async with self._lock:
             if verb == "create":
-                body = request.data if isinstance(request.data, dict) else {}
+                # a copy: the request log keeps what the client sent
+                body = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
                 namespace = request.namespace or body.get("metadata", {}).get("namespace")
                 return await self._create(resource, namespace, body, dry_run=dry_run)
             if verb in ("patch", "update"):

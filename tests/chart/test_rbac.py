@@ -27,6 +27,8 @@ WATCHED_NAMESPACE: set[Permission] = {
     *(("", "configmaps", verb, None) for verb in ("get", "list", "watch", "create", "patch")),
     *(("", "services", verb, None) for verb in ("get", "list", "watch", "create", "patch")),
     *(("apps", "deployments", verb, None) for verb in ("get", "list", "watch", "create", "patch")),
+    *(("autoscaling", "horizontalpodautoscalers", verb, None)
+      for verb in ("get", "create", "patch", "delete")),
     ("", "secrets", "get", None),
     ("", "events", "create", None),
     *(("batch", "jobs", verb, None) for verb in ("get", "list", "watch", "create", "delete")),
@@ -83,8 +85,9 @@ def test_rbac_create_false_grants_nothing() -> None:
     assert rendered_rules({"rbac": {"create": False}}) == []
 
 
-# The only deletion: benchmark Jobs the operator created (superseded, or beyond the history).
-DELETABLE = {("batch", "jobs")}
+# The only deletions: benchmark Jobs the operator created (superseded, or beyond the history),
+# and the autoscaler of a resource whose autoscaling was turned off.
+DELETABLE = {("batch", "jobs"), ("autoscaling", "horizontalpodautoscalers")}
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
@@ -124,6 +127,8 @@ def test_is_allowed_matches_like_the_rbac_authorizer() -> None:
     assert not is_allowed(rules, "watch", "", "secrets")
     assert not is_allowed(rules, "delete", "apps", "deployments")
     assert not is_allowed(rules, "delete", "", "configmaps")
+    assert is_allowed(rules, "delete", "autoscaling", "horizontalpodautoscalers")
+    assert not is_allowed(rules, "watch", "autoscaling", "horizontalpodautoscalers")
     assert not is_allowed(rules, "get", "", "pods")
     assert is_allowed(rules, "delete", "batch", "jobs")
     assert not is_allowed(rules, "create", "events.k8s.io", "events")

@@ -102,8 +102,22 @@ async def run_journey(cluster: Cluster) -> None:
                            and children(cluster)["service"]["spec"]["ports"],
                            message="drift repaired")
     await run_benchmarks(cluster)
+    await run_autoscaling(cluster)
     cluster.api.delete_speech(NAME)
     await cluster.wait_for(lambda: not any(children(cluster).values()), timeout=30)
+
+
+async def run_autoscaling(cluster: Cluster) -> None:
+    """An autoscaler created, retargeted, then deleted when autoscaling is turned off."""
+    cluster.api.patch_speech(NAME, {"spec": {"autoscaling": {
+        "enabled": True, "maxReplicas": 3, "target": 8}}})
+    await cluster.wait_for(lambda: cluster.api.get("horizontalpodautoscaler", NAME), timeout=30)
+    cluster.api.patch_speech(NAME, {"spec": {"autoscaling": {"maxReplicas": 4}}})
+    await cluster.wait_for(lambda: (cluster.api.get("horizontalpodautoscaler", NAME) or {}).get(
+        "spec", {}).get("maxReplicas") == 4, timeout=30, message="the HPA patched")
+    cluster.api.patch_speech(NAME, {"spec": {"autoscaling": {"enabled": False}}})
+    await cluster.wait_for(lambda: cluster.api.get("horizontalpodautoscaler", NAME) is None,
+                           timeout=30, message="the HPA deleted")
 
 
 async def run_benchmarks(cluster: Cluster) -> None:

@@ -53,3 +53,26 @@ def test_the_cluster_log_leaves_out_the_harness_own_requests(cluster: Cluster) -
 
     everything = cluster.request_log(include_harness=True)
     assert [(e.verb, e.resource, e.name) for e in everything] == [("create", "configmaps", None)]
+
+
+async def test_a_write_keeps_what_it_sent(emulator_api: EmulatorHttp) -> None:
+    """So a test can tell which fields a client wrote, e.g. that no patch touched replicas."""
+    hpas = "/apis/autoscaling/v2/namespaces/ns1/horizontalpodautoscalers"
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": "h"}, "spec": {"maxReplicas": 2, "scaleTargetRef": {
+               "apiVersion": "apps/v1", "kind": "Deployment", "name": "d"}}}
+    await emulator_api.post(hpas, hpa)
+    await emulator_api.patch(f"{hpas}/h", {"spec": {"maxReplicas": 3}})
+    await emulator_api.get(f"{hpas}/h")
+    create, patch, get = emulator_api.emulator.request_log()
+    assert (create.group, create.resource, create.body) == (
+        "autoscaling", "horizontalpodautoscalers", hpa)
+    assert (patch.verb, patch.body) == ("patch", {"spec": {"maxReplicas": 3}})
+    assert (get.verb, get.body) == ("get", None)
+
+
+async def test_a_dry_run_is_marked(emulator_api: EmulatorHttp) -> None:
+    await emulator_api.post("/api/v1/namespaces/ns1/configmaps?dryRun=All",
+                            {"metadata": {"name": "c"}})
+    await emulator_api.post("/api/v1/namespaces/ns1/configmaps", {"metadata": {"name": "c"}})
+    assert [r.dry_run for r in emulator_api.emulator.request_log()] == [True, False]

@@ -2,7 +2,8 @@
 
 Objects come back as the plain JSON the server sent (camelCase keys, nothing dropped by a
 model round-trip); an absent object is ``None``. Kinds are named in the singular:
-``minicpmspeech``, ``configmap``, ``secret``, ``service``, ``deployment``, ``event``.
+``minicpmspeech``, ``configmap``, ``secret``, ``service``, ``deployment``,
+``horizontalpodautoscaler``, ``event``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _BUILTINS = {  # kind -> (API class attribute, method suffix of the official cli
     "secret": ("core", "namespaced_secret"),
     "service": ("core", "namespaced_service"),
     "deployment": ("apps", "namespaced_deployment"),
+    "horizontalpodautoscaler": ("autoscaling", "namespaced_horizontal_pod_autoscaler"),
     "event": ("core", "namespaced_event"),
 }
 _MERGE_PATCH = "application/merge-patch+json"
@@ -46,6 +48,7 @@ class KubeApi:
         self.client.user_agent = USER_AGENT
         self.core = kubernetes.client.CoreV1Api(self.client)
         self.apps = kubernetes.client.AppsV1Api(self.client)
+        self.autoscaling = kubernetes.client.AutoscalingV2Api(self.client)
         self.custom = kubernetes.client.CustomObjectsApi(self.client)
         self.namespace = namespace
         self.speech = speech

@@ -93,8 +93,9 @@ What the operator does inside a watched namespace: one list, rendered into a Rol
 namespace (namespaced mode) or into the ClusterRole (cluster-wide mode). Each rule is
 a Kubernetes API request the operator makes; tests/chart/test_rbac.py pins this list.
 Children are never deleted by the operator: ownerReferences let the garbage collector
-remove them with their MiniCPMSpeech. The one exception is a benchmark Job the operator
-created, deleted when superseded or beyond the history limit.
+remove them with their MiniCPMSpeech. The exceptions are a benchmark Job the operator
+created, deleted when superseded or beyond the history limit, and the HorizontalPodAutoscaler
+of a resource whose autoscaling was turned off.
 */}}
 {{- define "minicpm-speech-operator.watchedNamespaceRules" -}}
 # Kopf lists and watches the resources and patches its finalizer and annotations; the
@@ -112,6 +113,12 @@ created, deleted when superseded or beyond the history limit.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The HorizontalPodAutoscaler of a resource with spec.autoscaling: read by name before every
+# write (and to find one left when autoscaling is off), deleted when it is turned off. Not
+# watched: its status changes at every metrics sync, and the resync repairs an edited one.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "create", "patch", "delete"]
 # Only to check that a referenced hub-token Secret exists; its value is never read by the
 # operator (the serving pod gets it as an environment variable).
 - apiGroups: [""]
