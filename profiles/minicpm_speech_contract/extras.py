@@ -27,6 +27,11 @@ EXTRA_PATH = ("connectors", "connector_of_shared_memory", "extra")
 # encoder's 3 lookahead tokens (the engine's config holds the same numbers and checks them).
 ENGINE_CHUNK_TOKENS = 25
 ENGINE_LOOKAHEAD_TOKENS = 3
+# What the batched engine keeps its solver caches in (its compute stays fp32 in each):
+#   fp32: the reference's arithmetic (PCM parity within 1e-4);
+#   bf16-cache: keys, values and conv caches in bfloat16, half the slots' memory, read back
+#   into fp32 for attention and the convs.
+PRECISIONS = ("fp32", "bf16-cache")
 
 Kind = Literal["boolean", "integer", "number", "string", "integer-list", "any"]
 _MESSAGE_CAP = 200
@@ -117,6 +122,10 @@ EXTRAS: tuple[Extra, ...] = (
                          f"the engine keeps exactly {ENGINE_LOOKAHEAD_TOKENS} lookahead tokens")),
     Extra("token2wav_n_timesteps", "integer",
           "Flow-matching solver steps per chunk.", reader="both", minimum=1, maximum=50),
+    Extra("token2wav_precision", "string",
+          "What the batched engine keeps the flow's solver caches in: fp32, or bf16-cache "
+          "(keys, values and conv caches in bfloat16, half their memory; compute stays fp32).",
+          choices=PRECISIONS),
     Extra("token2wav_runtime_prompt_cache_size", "integer",
           "Prepared prompts vLLM-Omni's own Code2Wav keeps.", reader="vllm-omni",
           minimum=0, maximum=4096),
@@ -168,6 +177,7 @@ class Code2WavExtras:
     codec_chunk_frames: int = ENGINE_CHUNK_TOKENS
     codec_left_context_frames: int = ENGINE_LOOKAHEAD_TOKENS
     token2wav_n_timesteps: int = 10
+    token2wav_precision: str = "fp32"
     token2wav_runtime_prompt_cache_size: int | None = None
     token2wav_setup_cache_size: int | None = None
     code2wav_min_batch_size: int = 1

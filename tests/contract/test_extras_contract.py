@@ -116,7 +116,7 @@ VALUES = st.one_of(
     st.booleans(),
     st.integers(min_value=-2, max_value=300),
     st.floats(min_value=-1.0, max_value=40.0, allow_nan=False),
-    st.sampled_from(["cuda", "onnxruntime", "tensorrt", "gpu", ""]),
+    st.sampled_from(["cuda", "onnxruntime", "tensorrt", "gpu", "", "fp32", "bf16-cache", "bf16"]),
     st.lists(st.sampled_from([0, 1, 2, 4, 8, 16]), max_size=5),
     st.none(),
 )

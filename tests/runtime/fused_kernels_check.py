@@ -35,7 +35,7 @@ def _interpreter_scalar_loop_bounds() -> None:
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)
-    return float((a - b).abs().max())
+    return float((a.float() - b.float()).abs().max())
 
 
 def kernel_diffs(fused: Kernels, eager: Kernels) -> dict[str, float]:
@@ -158,12 +158,12 @@ def fused_vs_torch(
     }
 
 
-def solve_diffs(checkpoint: str) -> dict[str, float]:
+def solve_diffs(checkpoint: str, cache_dtype: torch.dtype | None = None) -> dict[str, float]:
     models = load_code2wav(checkpoint, "cpu")
     frames, t = 9, 24
 
     def make(kernels: Kernels) -> tuple[BatchedEstimator, SolveInputs]:
-        est = BatchedEstimator(models.flow.decoder, 2, t, 10, kernels)
+        est = BatchedEstimator(models.flow.decoder, 2, t, 10, kernels, cache_dtype=cache_dtype)
         g = torch.Generator().manual_seed(1)
         n, r = 2, 4
         lens = [frames, frames - 3]  # ragged: the second stream's last 3 frames are padding
@@ -190,10 +190,12 @@ def solve_diffs(checkpoint: str) -> dict[str, float]:
         )
         return est, s
 
-    return fused_vs_torch("solve", make)
+    return fused_vs_torch("solve" if cache_dtype is None else "solve_bf16_cache", make)
 
 
-def packed_solve_diffs(checkpoint: str) -> dict[str, float]:
+def packed_solve_diffs(
+    checkpoint: str, cache_dtype: torch.dtype | None = None
+) -> dict[str, float]:
     """One packed setup solve (prompts of 6 and 4 frames, 2 frames of padding), fused vs torch."""
     from minicpm_speech_runtime.engine.setup_solve import PackLayout, packed_indices
 
@@ -202,7 +204,8 @@ def packed_solve_diffs(checkpoint: str) -> dict[str, float]:
     ix = packed_indices(layout, 4)
 
     def make(kernels: Kernels) -> tuple[BatchedEstimator, SolveInputs]:
-        est = BatchedEstimator(models.flow.decoder, 1, t, 10, kernels, conv_slots=2)
+        est = BatchedEstimator(models.flow.decoder, 1, t, 10, kernels, conv_slots=2,
+                               cache_dtype=cache_dtype)
         g = torch.Generator().manual_seed(2)
         s = SolveInputs(
             0,
@@ -220,7 +223,8 @@ def packed_solve_diffs(checkpoint: str) -> dict[str, float]:
         )
         return est, s
 
-    return fused_vs_torch("packed_solve", make)
+    return fused_vs_torch("packed_solve" if cache_dtype is None else "packed_solve_bf16_cache",
+                          make)
 
 
 def main() -> None:
@@ -232,6 +236,8 @@ def main() -> None:
     result["chosen_under_tf32"] = chosen_under_tf32()
     result.update(solve_diffs(sys.argv[1]))
     result.update(packed_solve_diffs(sys.argv[1]))
+    result.update(solve_diffs(sys.argv[1], torch.bfloat16))
+    result.update(packed_solve_diffs(sys.argv[1], torch.bfloat16))
     print(json.dumps(result))
 
 

@@ -243,6 +243,10 @@ def test_engine_config_maps_the_extras() -> None:
     narrow = engine_config({"micro_batch_size": 8}, CPU, max_streams=2)
     assert (narrow.max_streams, narrow.micro_batch) == (2, 2)
     assert engine_config({"micro_batch_size": 8}, CPU, max_streams=32).max_streams == 32
+    assert cfg.precision == "fp32"
+    assert engine_config({"token2wav_precision": "bf16-cache"}, CPU).precision == "bf16-cache"
+    with pytest.raises(UnsupportedOption, match="token2wav_precision"):
+        engine_config({"token2wav_precision": "bf16"}, CPU)
     assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False
     assert engine_config({}, CPU).vocoder_graphs is True
     assert engine_config({"enable_hift_graph": False}, CPU).vocoder_graphs is False

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minicpm_speech_contract.extras import DEFAULTS, ENGINE_CHUNK_TOKENS, ENGINE_LOOKAHEAD_TOKENS
+from minicpm_speech_contract.extras import (
+    DEFAULTS,
+    ENGINE_CHUNK_TOKENS,
+    ENGINE_LOOKAHEAD_TOKENS,
+    PRECISIONS,
+)
 
 CODEBOOK_SIZE = 6561  # speech token ids 0..6560; 6561 is the Talker's EOS and never a token here
 # The contract promises these to deploy configs (codec_chunk_frames, codec_left_context_frames).
@@ -52,6 +57,7 @@ class EngineConfig:
     setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off
     setup_cache_voices: int | None = None  # and at most this many voices, if given (0: off)
     bounded_convs: bool = True
+    precision: str = DEFAULTS.token2wav_precision  # one of the contract's PRECISIONS
 
     def __post_init__(self) -> None:
         if self.max_streams < 1:
@@ -72,6 +78,8 @@ class EngineConfig:
             raise ValueError("setup_cache_mib must be >= 0")
         if self.setup_cache_voices is not None and self.setup_cache_voices < 0:
             raise ValueError("setup_cache_voices must be >= 0")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}")
 
     @property
     def max_chunk_frames(self) -> int:

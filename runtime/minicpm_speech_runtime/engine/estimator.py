@@ -203,9 +203,12 @@ class BatchedEstimator:
         n_timesteps: int,
         kernels: Kernels | None = None,
         conv_slots: int | None = None,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         """``slots`` x ``frames`` of key/value storage; ``conv_slots`` (default ``slots``) of
-        conv caches: a packed solve holds several streams' conv caches per slot of keys."""
+        conv caches: a packed solve holds several streams' conv caches per slot of keys.
+        ``cache_dtype`` (default: the weights') is what keys, values and conv caches are kept
+        in; the solve computes in the weights' type and reads them back into it."""
         self.cfm = cast("CausalConditionalCFM", cfm)
         self.kernels = kernels or Kernels(fused=False)
         self.est = self.cfm.estimator
@@ -216,11 +219,12 @@ class BatchedEstimator:
         self.steps, self.slots, self.frames = n_timesteps, slots, frames
         p = next(self.est.parameters())
         shape = (n_timesteps, self.depth, 2 * slots, self.heads, frames, self.head_dim)
-        self.k = torch.zeros(shape, dtype=p.dtype, device=p.device)
-        self.v = torch.zeros(shape, dtype=p.dtype, device=p.device)
+        dtype = cache_dtype or p.dtype
+        self.k = torch.zeros(shape, dtype=dtype, device=p.device)
+        self.v = torch.zeros(shape, dtype=dtype, device=p.device)
         # conv caches frames-major: [.., 2 frames, conv1 input channels + conv2 input channels]
         conv = (n_timesteps, self.depth, 2 * (conv_slots or slots), 2, 2 * self.hidden)
-        self.conv = torch.zeros(conv, dtype=p.dtype, device=p.device)
+        self.conv = torch.zeros(conv, dtype=dtype, device=p.device)
         self.cfg_rate = float(self.cfm.inference_cfg_rate)
         with torch.no_grad():  # the DiT's timestep embedding builds a host tensor: not capturable
             times = self._schedule(p.device, p.dtype)
@@ -352,7 +356,7 @@ class BatchedEstimator:
         y = k.norm_mish(y, (norm.weight, norm.bias), norm.eps)
         taps, new2 = k.conv_taps(y, c2, s.last_idx)
         y = F.linear(taps, w.conv2, conv2.bias)
-        new = torch.cat([new1, new2], dim=2)
+        new = torch.cat([new1, new2], dim=2).to(cache.dtype)
         torch.where(s.active[:, None, None], new, cache, out=cache)
         return y
 

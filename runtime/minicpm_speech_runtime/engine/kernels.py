@@ -180,8 +180,9 @@ class Kernels:
         r, f, _ = qkv.shape
         q, k, v = qkv.view(r, f, 3, heads, head_dim).unbind(2)
         q = F.layer_norm(q, (head_dim,), *q_norm, eps)
-        k_cache[rows[0], :, rows[1]] = F.layer_norm(k, (head_dim,), *k_norm, eps)
-        v_cache[rows[0], :, rows[1]] = v
+        k = F.layer_norm(k, (head_dim,), *k_norm, eps)
+        k_cache[rows[0], :, rows[1]] = k.to(k_cache.dtype)
+        v_cache[rows[0], :, rows[1]] = v.to(v_cache.dtype)
         return q.transpose(1, 2)
 
     def attention(
@@ -200,6 +201,7 @@ class Kernels:
             return self._t.attention(q, k_cache, v_cache, key_bias, key_range)
         # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
         # attention kernels run on the SIMT units and were the step's largest cost
+        k_cache, v_cache = k_cache.to(q.dtype), v_cache.to(q.dtype)  # bf16 caches: read back
         scores = torch.matmul(q, k_cache.transpose(2, 3)).add_(key_bias)  # [R, H, F, T]
         if key_range.dim() == 3:
             t = torch.arange(k_cache.shape[2], device=q.device)
@@ -219,7 +221,7 @@ class Kernels:
         flattened) and the 2 frames before each row's end ``last_idx`` (the next cache)."""
         if self.fused:
             return self._t.conv_taps(x, cache, last_idx)
-        y = torch.cat([cache, x], dim=1)  # [R, 2 + F, C]
+        y = torch.cat([cache.to(x.dtype), x], dim=1)  # [R, 2 + F, C]
         idx = last_idx[:, None] + torch.arange(2, device=y.device)
         new = y.gather(1, idx[:, :, None].expand(-1, -1, y.shape[2]))
         taps = y.unfold(1, 3, 1)  # [R, F, C, 3]

@@ -73,8 +73,10 @@ class Runner:
         self.trash = config.cache_frames - 1
         steps = config.n_timesteps
         self.kernels = Kernels.for_device(models.device, config.fused_kernels)
+        cache_dtype = torch.bfloat16 if config.precision == "bf16-cache" else None
         self.estimator = BatchedEstimator(
-            self.flow.decoder, config.max_streams, config.cache_frames, steps, self.kernels
+            self.flow.decoder, config.max_streams, config.cache_frames, steps, self.kernels,
+            cache_dtype=cache_dtype,
         )
         self.setup_estimator = BatchedEstimator(
             self.flow.decoder,
@@ -83,6 +85,7 @@ class Runner:
             steps,
             self.kernels,
             conv_slots=config.micro_batch,
+            cache_dtype=cache_dtype,
         )
         if graph_backend is None and config.cuda_graphs and models.device.type == "cuda":
             graph_backend = CudaGraphBackend(models.device)

@@ -188,7 +188,7 @@ def _attention(
         ts = start + tl.arange(0, BN)
         tm = ts < keys
         kv = base + ts[:, None] * sc_t + ds[None, :]
-        k = tl.load(KC + kv, mask=tm[:, None], other=0.0)
+        k = tl.load(KC + kv, mask=tm[:, None], other=0.0).to(tl.float32)  # bf16 caches too
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s += tl.load(BIAS + r * keys + ts, mask=tm, other=float("-inf"))[None, :]
         if PER_QUERY:
@@ -198,7 +198,7 @@ def _attention(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key seen yet
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
-        v = tl.load(VC + kv, mask=tm[:, None], other=0.0)
+        v = tl.load(VC + kv, mask=tm[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
@@ -299,6 +299,7 @@ def _conv_taps(
         t = f + js  # time in [cache | x]
         m = (c < C) & (js < 3)
         from_cache = tl.load(CACHE + r * s_cr + t * s_ct + c, mask=m & (t < 2), other=0.0)
+        from_cache = from_cache.to(tl.float32)  # bf16 caches too
         from_x = tl.load(X + (r * frames + t - 2) * C + c, mask=m & (t >= 2), other=0.0)
         tl.store(TAPS + n * (3 * C) + c * 3 + js, tl.where(t < 2, from_cache, from_x), mask=m)
     if f == 0:
@@ -309,6 +310,7 @@ def _conv_taps(
             for i in range(2):
                 t = last + i
                 a = tl.load(CACHE + r * s_cr + t * s_ct + c, mask=(c < C) & (t < 2), other=0.0)
+                a = a.to(tl.float32)
                 b = tl.load(X + (r * frames + t - 2) * C + c, mask=(c < C) & (t >= 2), other=0.0)
                 tl.store(NEW + (r * 2 + i) * C + c, tl.where(t < 2, a, b), mask=c < C)
 

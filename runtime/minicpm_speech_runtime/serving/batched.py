@@ -42,7 +42,8 @@ def engine_config(
     ``enable_cfm_graph`` -> ``cuda_graphs`` (CUDA only), ``enable_hift_graph`` ->
     ``vocoder_graphs`` (default on), ``token2wav_setup_cache_size`` -> ``setup_cache_voices``
     (0 turns the engine's setup cache off), ``token2wav_n_timesteps`` ->
-    ``n_timesteps``, ``ref_audio_max_seconds`` -> ``max_prompt_frames``. ``max_streams`` is the
+    ``n_timesteps``, ``token2wav_precision`` -> ``precision``, ``ref_audio_max_seconds`` ->
+    ``max_prompt_frames``. ``max_streams`` is the
     stage's ``max_num_seqs``, and bounds ``micro_batch`` too; when the stage does not say, it
     is 8 or ``micro_batch_size`` if larger.
     """
@@ -66,6 +67,7 @@ def engine_config(
         max_prompt_frames=frames,
         micro_batch=micro,
         n_timesteps=settings.token2wav_n_timesteps,
+        precision=settings.token2wav_precision,
         tf32=settings.token2wav_allow_tf32,
         cuda_graphs=device.type == "cuda" and settings.enable_cfm_graph,
         precapture=settings.cfm_graph_precapture,

@@ -1,0 +1,53 @@
+"""Precision "bf16-cache": the estimator keeps keys, values and conv caches in bfloat16 (half
+the slots' memory) and computes in fp32; streams, set-up reuse and slot moves work as in fp32,
+and the audio stays close to the fp32 engine's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from minicpm_speech_runtime.bench.fidelity import fidelity
+from minicpm_speech_runtime.bench.parity import drain, engine, make_voices, utterance
+from minicpm_speech_runtime.engine import EngineConfig
+
+PRECISION_TARGET_DB = 30.0
+
+
+@pytest.fixture(scope="module")
+def voices(models):  # type: ignore[no-untyped-def]
+    return make_voices(models, [1.0, 1.5, 2.0])
+
+
+def test_bf16_caches_halve_the_estimators_memory(models) -> None:  # type: ignore[no-untyped-def]
+    fp32, bf16 = engine(models), engine(models, precision="bf16-cache")
+    for name in ("estimator", "setup_estimator"):
+        a, b = getattr(fp32.runner, name), getattr(bf16.runner, name)
+        assert {t.dtype for t in (b.k, b.v, b.conv)} == {torch.bfloat16}
+        assert b.nbytes * 2 == a.nbytes
+    assert next(bf16.runner.flow.parameters()).dtype == torch.float32  # compute stays fp32
+
+
+def test_bf16_cache_streams_reuse_setups_and_stay_close_to_fp32(models, voices) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(models, precision="bf16-cache", max_streams=3, micro_batch=3)
+    out: dict = {}  # type: ignore[type-arg]
+    reasons: dict = {}  # type: ignore[type-arg]
+    for i in range(2):
+        eng.add_stream(f"s{i}", voices[i])
+        eng.push_tokens(f"s{i}", utterance(40, i), last=True)
+    for _ in drain(eng, out, reasons):
+        pass
+    eng.add_stream("again", voices[0])  # its set-up comes from the bf16 setup cache
+    eng.push_tokens("again", utterance(40, 0), last=True)
+    for _ in drain(eng, out, reasons):
+        pass
+    assert reasons == {"s0": "done", "s1": "done", "again": "done"}
+    assert eng.counters.setup_hits == 1
+    [row] = fidelity(models, voices, [utterance(60, i) for i in range(3)],
+                     {"bf16-cache": {"precision": "bf16-cache"}},
+                     {"max_streams": 3, "micro_batch": 3, "max_prompt_frames": 300})
+    assert PRECISION_TARGET_DB < row["flow_snr_db"] < float("inf")
+
+
+def test_a_precision_the_engine_lacks_is_refused() -> None:
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16-cache"):
+        EngineConfig(precision="bf16")
