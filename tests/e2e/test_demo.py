@@ -35,8 +35,9 @@ def test_demo_on_the_embedded_emulator_prints_objects_and_status() -> None:
     assert "-- vllm serve openbmb/MiniCPM-o-4_5 --omni --deploy-config" in out
     assert "base_config: /opt/venv/lib/python3.12/site-packages/vllm_omni/deploy/" in out
     table = out.split("$ kubectl get minicpmspeech\n", 1)[1].splitlines()
-    assert table[0].split()[:5] == ["NAME", "PROFILE", "PHASE", "READY", "CONFIG"]
-    assert table[1].split()[:4] == ["speech", "default", "Progressing", "False"]
+    assert table[0].split()[:7] == ["NAME", "PROFILE", "PHASE", "READY", "REPLICAS",
+                                    "AVAILABLE", "CONFIG"]
+    assert table[1].split()[:6] == ["speech", "default", "Progressing", "False", "1", "0"]
 
 
 def test_demo_yaml_output_is_every_object_in_full() -> None:

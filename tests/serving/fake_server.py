@@ -113,6 +113,8 @@ def record_metrics() -> None:
     m.observe_chunk(0.012, first=True)
     m.observe_chunk(0.004, first=False)
     m.set_active_streams(4)
+    m.observe_first_audio(0.09)
+    m.set_real_time_margin(1.25)
     m.set_gpu_memory(1 << 30, 2 << 30, {"num_ooms": 0, "num_alloc_retries": 2})
     event("metrics")
 

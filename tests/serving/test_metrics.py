@@ -30,6 +30,10 @@ EXPECTED = {
     "minicpm_speech_code2wav_engine_steps": "counter",
     "minicpm_speech_code2wav_waiting_streams": "gauge",
     "minicpm_speech_code2wav_slot_wait_seconds": "histogram",
+    # what an autoscaler and a dashboard read (minicpm_speech_contract.pod_metrics)
+    "minicpm_speech_code2wav_first_audio_seconds": "histogram",
+    "minicpm_speech_code2wav_real_time_margin": "gauge",
+    "minicpm_speech_code2wav_real_time_factor": "gauge",
     "minicpm_speech_code2wav_streams_ended": "counter",
     "minicpm_speech_gpu_memory_bytes": "gauge",
     "minicpm_speech_gpu_allocator_events": "gauge",
@@ -126,6 +130,12 @@ def test_metrics_from_the_server_process_reach_the_supervisor(pod: Pod, start: A
     events = "minicpm_speech_gpu_allocator_events"
     assert _sample(families, events, events, event="num_ooms") == 0
     assert _sample(families, events, events, event="num_alloc_retries") == 2
+    first = "minicpm_speech_code2wav_first_audio_seconds"
+    assert _sample(families, first, f"{first}_bucket", le="0.1") == 1
+    assert _sample(families, "minicpm_speech_code2wav_real_time_margin",
+                   "minicpm_speech_code2wav_real_time_margin") == 1.25
+    assert _sample(families, "minicpm_speech_code2wav_real_time_factor",
+                   "minicpm_speech_code2wav_real_time_factor") == 0.8
     assert _sample(families, "minicpm_speech_ready", "minicpm_speech_ready") == 1
     assert _sample(families, "minicpm_speech_warmup_requests",
                    "minicpm_speech_warmup_requests_total", result="ok") == 3

@@ -74,6 +74,7 @@ from ..voice.wav import BadReference
 from .batched import voice_from_features
 from .metrics import RuntimeMetrics
 from .prompt_memo import PromptMemo
+from .realtime import RealTimeTracker
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,7 @@ class Code2WavBackend:
         self._refused: dict[tuple[str, str], str] = {}  # voices that cannot be served, and why
         self._planned_setups: dict[tuple[str, str], deque[list[StreamHandle]]] = {}
         self._timer = _StepTimer(metrics, device)
+        self._real_time = RealTimeTracker()
         self._graph_seen: dict[tuple[str, str], int] = {}
         self._setups_seen = (0, 0, 0)
         # raw references vLLM-Omni normalised, read by the plugin's _materialize_runtime_prompt
@@ -444,6 +446,7 @@ class Code2WavBackend:
         # Never call into the engine from a finalizer (it may run inside a step).
         weakref.finalize(handle, self._dropped.append, sid)
         self._waiting[sid] = _Waiting(voice, self.clock())
+        self._real_time.opened(sid, self.clock())
         return handle
 
     def _admit(self) -> None:
@@ -460,6 +463,7 @@ class Code2WavBackend:
     def _cancel_dropped(self) -> None:
         while self._dropped:
             sid = self._dropped.popleft()
+            self._real_time.ended(sid)
             for table in (self._stash, self._ended):
                 table.pop(sid, None)
             self._final.discard(sid)
@@ -522,6 +526,7 @@ class Code2WavBackend:
                 for sid in stuck:
                     self._waiting.pop(sid)
                     self._ended[sid] = "no-slot"
+                    self._real_time.ended(sid)
                 break
 
     def _step(self, reason: str) -> bool:
@@ -529,6 +534,7 @@ class Code2WavBackend:
         begin = self._timer.start()
         outs = self.engine.step()
         first = False
+        now = self.clock()
         for out in outs:
             sid = out.stream_id
             if out.pcm.numel():
@@ -536,7 +542,11 @@ class Code2WavBackend:
                 if sid in self._unstarted:
                     self._unstarted.discard(sid)
                     first = True
+                latency = self._real_time.produced(sid, out.pcm.numel(), now)
+                if latency is not None:
+                    self.metrics.observe_first_audio(latency)
             if out.finished:
+                self._real_time.ended(sid)
                 self._ended[sid] = out.reason or "done"
                 self.metrics.stream_ended(out.reason or "done")
                 if (out.reason or "").startswith(EndReason.BAD_TOKEN.value):
@@ -560,6 +570,7 @@ class Code2WavBackend:
 
     def _export(self) -> None:
         self.metrics.set_active_streams(self.engine.num_streams)
+        self.metrics.set_real_time_margin(self._real_time.worst_margin(self.clock()))
         if self.device.type == "cuda":
             self.metrics.set_gpu_memory(
                 torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device),

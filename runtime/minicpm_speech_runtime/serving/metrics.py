@@ -33,6 +33,14 @@ Names (all prefixed ``minicpm_speech_``):
 ``code2wav_active_streams``                     gauge    streams in the engine (livesum)
 ``code2wav_waiting_streams``                    gauge    streams waiting for a slot (livesum)
 ``code2wav_slot_wait_seconds``                  histogram  from a stream's setup to its slot
+``code2wav_first_audio_seconds``                histogram  from a stream's first codes in
+                                                           stage 2 to its first audio
+``code2wav_real_time_margin``                   gauge    the worst playing stream's audio
+                                                           seconds per wall second since its
+                                                           first audio; +Inf when none plays
+                                                           (livemin)
+``code2wav_real_time_factor``                   gauge    1 / that margin, 0 when none plays
+                                                           (livemax): what an autoscaler holds
 ``gpu_memory_bytes{kind}``                      gauge    torch allocator (livesum)
 ``gpu_allocator_events{event}``                 gauge    the torch allocator's own counts since
                                                            the process started (livesum):
@@ -71,11 +79,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from minicpm_speech_contract.pod_metrics import (
+    ACTIVE_STREAMS,
+    FIRST_AUDIO_SECONDS,
+    PREFIX,
+    QUEUED_STREAMS,
+    REAL_TIME_FACTOR,
+    REAL_TIME_MARGIN,
+)
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..voice.counters import OUTCOMES
-
-PREFIX = "minicpm_speech"
+from .realtime import real_time_factor
 
 # voice preparation's outcome -> (outcome, detail)
 PREP_OUTCOME: dict[str, tuple[str, str]] = {
@@ -101,6 +116,7 @@ REFUSAL_REASONS = ("voice", "tokens")
 STREAM_ENDS = ("done", "cancelled", "token-out-of-range", "empty", "idle-timeout",
                "prompt-too-long", "fault", "other")
 LEAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+FIRST_AUDIO_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 
 
 class RuntimeMetrics:
@@ -153,14 +169,31 @@ class RuntimeMetrics:
         self.engine_steps = Counter(
             f"{p}_code2wav_engine_steps", "Engine steps, by why they ran", ["reason"], **kw
         )
+        # The scaler's metrics are named in the contract, which the operator's autoscaler reads.
         self.active_streams = Gauge(
-            f"{p}_code2wav_active_streams", "Code2Wav streams in the engine",
+            ACTIVE_STREAMS, "Code2Wav streams in the engine",
             multiprocess_mode="livesum", **kw,
         )
         self.waiting_streams = Gauge(
-            f"{p}_code2wav_waiting_streams", "Code2Wav streams waiting for an engine slot",
+            QUEUED_STREAMS, "Code2Wav streams waiting for an engine slot",
             multiprocess_mode="livesum", **kw,
         )
+        self.first_audio_seconds = Histogram(
+            FIRST_AUDIO_SECONDS,
+            "From a stream's first codes in Code2Wav to its first audio",
+            buckets=FIRST_AUDIO_BUCKETS, **kw,
+        )
+        self.real_time_margin = Gauge(
+            REAL_TIME_MARGIN,
+            "Worst playing stream's audio seconds per wall second since its first audio",
+            multiprocess_mode="livemin", **kw,
+        )
+        self.real_time_factor = Gauge(
+            REAL_TIME_FACTOR,
+            "Worst playing stream's wall seconds per audio second (1 / margin, 0 when idle)",
+            multiprocess_mode="livemax", **kw,
+        )
+        self.set_real_time_margin(float("inf"))
         self.slot_wait_seconds = Histogram(
             f"{p}_code2wav_slot_wait_seconds", "Time from a stream's setup to its engine slot",
             buckets=WAIT_BUCKETS, **kw,
@@ -264,6 +297,14 @@ class RuntimeMetrics:
 
     def set_waiting_streams(self, n: int) -> None:
         self.waiting_streams.set(n)
+
+    def observe_first_audio(self, seconds: float) -> None:
+        self.first_audio_seconds.observe(max(0.0, seconds))
+
+    def set_real_time_margin(self, margin: float) -> None:
+        """The worst playing stream's margin (+inf when none plays), and its reciprocal."""
+        self.real_time_margin.set(margin)
+        self.real_time_factor.set(real_time_factor(margin))
 
     def observe_slot_wait(self, seconds: float) -> None:
         self.slot_wait_seconds.observe(max(0.0, seconds))
