@@ -272,17 +272,20 @@ def run_engine(
     graphs: bool,
     fused: bool,
     prefix: tuple[int, ...] = (),
+    **overrides: Any,
 ) -> dict[str, Any]:
+    """C streams in steady state; ``overrides`` are further ``EngineConfig`` fields."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     # every stream is a cold voice here, so the setup cache could only cost memory
-    cfg = EngineConfig(
-        max_streams=conc,
-        micro_batch=min(8, conc),
-        graph_budget=BENCH_GRAPH_BUDGET,
-        cuda_graphs=graphs,
-        setup_cache_mib=0,
-        fused_kernels=fused,
-    )
+    cfg = EngineConfig(**{
+        "max_streams": conc,
+        "micro_batch": min(8, conc),
+        "graph_budget": BENCH_GRAPH_BUDGET,
+        "cuda_graphs": graphs,
+        "setup_cache_mib": 0,
+        "fused_kernels": fused,
+        **overrides,
+    })
     eng = new_engine(models, cfg)
     _sync()
     t0 = time.perf_counter()

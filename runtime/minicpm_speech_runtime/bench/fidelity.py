@@ -163,7 +163,8 @@ def fidelity(
 
 
 def parse_candidate(text: str) -> tuple[str, dict[str, Any]]:
-    """``name:key=value,key=value`` with ``EngineConfig`` keys; values are ints or 0/1 flags."""
+    """``name:key=value,key=value`` with ``EngineConfig`` keys: whole numbers, 0/1 for flags,
+    words for the rest (``precision=bf16-cache``)."""
     name, _, body = text.partition(":")
     fields = EngineConfig.__dataclass_fields__
     overrides: dict[str, Any] = {}
@@ -171,8 +172,13 @@ def parse_candidate(text: str) -> tuple[str, dict[str, Any]]:
         key, _, value = item.partition("=")
         if key not in fields:
             raise SystemExit(f"--candidate {text[:80]!r}: {key[:40]!r} is no EngineConfig field")
-        kind = fields[key].type
-        overrides[key] = bool(int(value)) if kind in (bool, "bool") else int(value)
+        kind = str(fields[key].type).split(" |")[0]  # "int | None" reads as int
+        parse = {"bool": lambda v: bool(int(v)), "int": int, "float": float}.get(kind, str)
+        try:
+            overrides[key] = parse(value)
+        except ValueError:
+            msg = f"--candidate {text[:80]!r}: {key}={value[:40]!r} is no {kind}"
+            raise SystemExit(msg) from None
     if not name:
         raise SystemExit(f"--candidate {text[:80]!r}: give it a name before the colon")
     return name, overrides
@@ -209,12 +215,12 @@ def main(argv: list[str] | None = None) -> None:
     if not a.candidate:
         raise SystemExit("give at least one --candidate name:key=value,...")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # the speaker model loads from it when first used
         write_random_checkpoint(tmp, REAL if a.generate == "real" else TINY,
                                 campplus_onnx=a.campplus_onnx)
         models = load_code2wav(tmp, device)
-    seconds = [3.0 + 7.0 * i / max(1, a.voices - 1) for i in range(a.voices)]
-    voices = make_voices(models, seconds)
+        seconds = [3.0 + 7.0 * i / max(1, a.voices - 1) for i in range(a.voices)]
+        voices = make_voices(models, seconds)
     utterances = [utterance(a.tokens, 100 + i) for i in range(a.voices)]
     base = {"max_streams": a.max_streams, "micro_batch": min(8, a.max_streams)}
     rows = fidelity(models, voices, utterances, dict(a.candidate), base)
@@ -223,17 +229,17 @@ def main(argv: list[str] | None = None) -> None:
            else "cpu", "dims": a.generate, "voices": a.voices, "tokens": a.tokens,
            "reference": REFERENCE, "rows": rows}
     a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(_finite(out), indent=1) + "\n")
+    a.json.write_text(json.dumps(json_safe(out), indent=1) + "\n")
 
 
-def _finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON has no infinity: identical audio's SNR is written as the string "inf"."""
     if isinstance(value, float) and math.isinf(value):
         return "inf"
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 

@@ -1,0 +1,35 @@
+"""The precision benchmark end to end at tiny dims on CPU: every mode at every concurrency, its
+fidelity against fp32, the table, the JSON rows and the plot a GPU run commits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from minicpm_speech_runtime.bench import precision_bench
+from minicpm_speech_runtime.bench.precision_bench import ROW_FIELDS
+
+
+@pytest.mark.timeout(600)
+def test_every_mode_gets_a_row_per_concurrency_with_its_fidelity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, png = tmp_path / "precision.json", tmp_path / "precision.png"
+    precision_bench.main([
+        "--generate", "tiny", "--conc", "2", "--window", "0.3", "--voices", "2",
+        "--fidelity-voices", "2", "--fidelity-tokens", "40", "--mode", "fp32:",
+        "--mode", "bf16-cache:precision=bf16-cache,n_timesteps=5",
+        "--git-rev", "test", "--json", str(out), "--png", str(png),
+    ])  # fmt: skip
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [("fp32", 2), ("bf16-cache", 2)]
+    assert all(set(r) == set(ROW_FIELDS) for r in rows)
+    fp32, bf16 = rows
+    assert fp32["flow_snr_db"] == "inf"  # the reference itself: identical
+    assert (bf16["precision"], bf16["n_timesteps"]) == ("bf16-cache", 5)
+    assert bf16["flow_snr_db"] < 100  # five steps: a real change
+    assert all(r["audio_s_per_s"] > 0 and r["captures_after_warmup"] == 0 for r in rows)
+    assert png.stat().st_size > 10_000
+    assert "bf16-cache" in capsys.readouterr().out
