@@ -448,11 +448,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 f"{results.get('date')}", path)
 
 
-def finish_plot(fig: Any, ax: Any, title: str, path: Path) -> None:
-    """Both panels (audio-s/s and first audio p95 against C, log-log), titled and saved."""
-    for a, name in zip(ax, ("audio-s per s", "first audio p95 (ms)"), strict=True):
+def finish_plot(
+    fig: Any, ax: Any, title: str, path: Path,
+    names: tuple[str, str] = ("audio-s per s", "first audio p95 (ms)"), log_y: bool = True,
+) -> None:
+    """Both panels (by default audio-s/s and first audio p95 against C, log-log), titled and
+    saved."""
+    for a, name in zip(ax, names, strict=True):
         a.set_xscale("log", base=2)
-        a.set_yscale("log")
+        if log_y:
+            a.set_yscale("log")
         a.set_xlabel("concurrent streams (distinct voices)")
         a.set_title(name)
         a.legend()

@@ -173,7 +173,9 @@ def parse_candidate(text: str) -> tuple[str, dict[str, Any]]:
         if key not in fields:
             raise SystemExit(f"--candidate {text[:80]!r}: {key[:40]!r} is no EngineConfig field")
         kind = str(fields[key].type).split(" |")[0]  # "int | None" reads as int
-        parse = {"bool": lambda v: bool(int(v)), "int": int, "float": float}.get(kind, str)
+        parsers: dict[str, Callable[[str], Any]] = {
+            "bool": lambda v: bool(int(v)), "int": int, "float": float}
+        parse = parsers.get(kind, str)
         try:
             overrides[key] = parse(value)
         except ValueError:

@@ -29,7 +29,7 @@ import torch
 from ..assets import load_code2wav
 from ..engine import EngineConfig
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
-from .engine_bench import bench_voices, matmul_peak, run_engine
+from .engine_bench import bench_voices, finish_plot, matmul_peak, run_engine
 from .fidelity import fidelity, json_safe, parse_candidate
 from .parity import utterance
 
@@ -78,14 +78,8 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
         cs = [r["concurrency"] for r in mine]
         ax[0].plot(cs, [r["audio_s_per_s"] for r in mine], "o-", label=mode)
         ax[1].plot(cs, [r["peak_mem_gib"] for r in mine], "o-", label=mode)
-    for a, name in zip(ax, ("audio-s per s", "peak GPU memory (GiB)"), strict=True):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("concurrent streams (distinct voices)")
-        a.set_title(name)
-        a.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish_plot(fig, ax, title, path, names=("audio-s per s", "peak GPU memory (GiB)"),
+                log_y=False)
 
 
 def main(argv: list[str] | None = None) -> None:
