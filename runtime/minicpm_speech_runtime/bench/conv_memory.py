@@ -41,12 +41,13 @@ import torch
 from torch import nn
 
 from ..assets import Code2WavModels, load_code2wav
-from ..engine import Code2WavEngine, EngineConfig
+from ..engine import EngineConfig
 from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, MIN_PROMPT_TOKENS
 from ..engine.workspace import OP_MEMORY_BOUND_BYTES, bounded_convs
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..voice.device import PreparedVoice
 from .engine_bench import new_engine
+from .parity import drain
 
 ALLOCATOR_EVENTS = ("num_ooms", "num_alloc_retries")
 _CONV_TYPES = (nn.Conv1d, nn.ConvTranspose1d)
@@ -119,17 +120,6 @@ def recording(modules: dict[str, Conv]) -> Iterator[set[ConvCall]]:
             h.remove()
 
 
-def drain(eng: Code2WavEngine, limit: int = 10_000) -> int:
-    """Step until no stream is left; returns the steps taken."""
-    steps = 0
-    while eng.num_streams:
-        eng.step()
-        steps += 1
-        if steps > limit:
-            raise RuntimeError(f"streams still live after {limit} steps")
-    return steps
-
-
 def conv_calls(models: Code2WavModels, max_prompt_frames: int, tf32: bool) -> list[ConvCall]:
     """Every conv call a stream of any allowed prompt length and any utterance length makes.
 
@@ -148,7 +138,8 @@ def conv_calls(models: Code2WavModels, max_prompt_frames: int, tf32: bool) -> li
             tokens, n = prompts[i % len(prompts)], utterances[i % len(utterances)]
             eng.add_stream(i, random_voice(f"v{tokens}", tokens, models.up_rate, tokens))
             eng.push_tokens(i, torch.randint(0, 6561, (n,)).tolist(), last=True)
-            drain(eng)
+            for _ in drain(eng, {}, {}):
+                pass
     return sorted(seen, key=lambda c: (c.module, c.length))
 
 

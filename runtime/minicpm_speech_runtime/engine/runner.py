@@ -58,6 +58,7 @@ class DeviceStream:
     vocoder: VocoderCache
     encoder: EncoderCache  # a slot of the batched encoder's cache slab
 
+
 MelTap = Callable[[list[object], list[torch.Tensor], list[torch.Tensor]], None]
 
 
