@@ -14,11 +14,14 @@ def free_port() -> int:
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    """(status, body); 0 and no body when nothing answers."""
+    """(status, body); 0 and no body when nothing answers in time, the body included."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return int(r.status), r.read()
     except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read()
+        try:
+            return int(exc.code), exc.read()
+        except OSError:
+            return 0, b""
     except (urllib.error.URLError, OSError):
         return 0, b""

@@ -45,6 +45,10 @@ class HealthState:
 
 def _handler(state: HealthState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # Buffered, so the status line, headers and body leave in one write when the handler
+        # returns: a probe never holds headers while the body waits behind a busy CPU.
+        wbufsize = 1 << 16
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/livez":
