@@ -7,8 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 from minicpm_speech_runtime.bench.fidelity import fidelity
-from minicpm_speech_runtime.bench.parity import drain, engine, make_voices, utterance
+from minicpm_speech_runtime.bench.parity import (
+    drain,
+    engine,
+    fixed_nsf_noise,
+    make_voices,
+    max_diff,
+    small_models,
+    utterance,
+)
 from minicpm_speech_runtime.engine import EngineConfig
+from minicpm_speech_runtime.engine.graphs import EagerBackend
 
 PRECISION_TARGET_DB = 30.0
 
@@ -46,6 +55,39 @@ def test_bf16_cache_streams_reuse_setups_and_stay_close_to_fp32(models, voices) 
                      {"bf16-cache": {"precision": "bf16-cache"}},
                      {"max_streams": 3, "micro_batch": 3, "max_prompt_frames": 300})
     assert PRECISION_TARGET_DB < row["flow_snr_db"] < float("inf")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-cache"])
+def test_the_graph_path_runs_every_precision_as_its_eager_solve(models, voices, precision) -> None:  # type: ignore[no-untyped-def]
+    """Each graph's static buffers hold the solve's fp32 state and inputs, whatever the
+    caches' or the weights' type: every graph captures, and a stream decodes through them as
+    through the eager solve."""
+    small = small_models(models)
+    few = make_voices(small, [2.0, 3.3])
+    got: dict[str, dict] = {}  # type: ignore[type-arg]
+    for graphs in (False, True):
+        eng = engine(small, precision=precision, max_streams=2, micro_batch=2, graph_budget=48)
+        if graphs:
+            eng = type(eng)(small, eng.config, graph_backend=EagerBackend())
+            assert eng.warmup() > 0
+        out: dict = {}  # type: ignore[type-arg]
+        reasons: dict = {}  # type: ignore[type-arg]
+        for i in range(2):
+            eng.add_stream(f"s{i}", few[i])
+            eng.push_tokens(f"s{i}", utterance(40, i), last=True)
+        with fixed_nsf_noise():  # HiFT's source noise, drawn afresh by each run otherwise
+            for _ in drain(eng, out, reasons):
+                pass
+        assert reasons == {"s0": "done", "s1": "done"}
+        got[str(graphs)] = out
+        if graphs:
+            stats = eng.graph_stats()
+            assert stats["errors"] == {} and stats["eager"] == {} and stats["replays"] > 0
+    assert max_diff_by_stream(got["False"], got["True"]) <= 1e-5
+
+
+def max_diff_by_stream(a: dict, b: dict) -> float:  # type: ignore[type-arg]
+    return max(max_diff(a[k], b[k]) for k in a)
 
 
 def test_a_precision_the_engine_lacks_is_refused() -> None:

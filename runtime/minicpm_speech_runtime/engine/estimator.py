@@ -208,7 +208,8 @@ class BatchedEstimator:
         """``slots`` x ``frames`` of key/value storage; ``conv_slots`` (default ``slots``) of
         conv caches: a packed solve holds several streams' conv caches per slot of keys.
         ``cache_dtype`` (default: the weights') is what keys, values and conv caches are kept
-        in; the solve computes in the weights' type and reads them back into it."""
+        in; the solve computes in the weights' type and reads them back into it. Its state,
+        inputs and output are fp32 whatever the weights' type (``io_dtype``)."""
         self.cfm = cast("CausalConditionalCFM", cfm)
         self.kernels = kernels or Kernels(fused=False)
         self.est = self.cfm.estimator
@@ -218,6 +219,9 @@ class BatchedEstimator:
         self.hidden = self.est.in_proj.out_features
         self.steps, self.slots, self.frames = n_timesteps, slots, frames
         p = next(self.est.parameters())
+        # The solve's state, its inputs and its output stay fp32 in every precision: ten Euler
+        # updates of a bf16 state would round away steps of the size dt * velocity.
+        self.io_dtype, self.compute_dtype = torch.float32, p.dtype
         shape = (n_timesteps, self.depth, 2 * slots, self.heads, frames, self.head_dim)
         dtype = cache_dtype or p.dtype
         self.k = torch.zeros(shape, dtype=dtype, device=p.device)
@@ -277,14 +281,15 @@ class BatchedEstimator:
         spk_t = s.spk if s.spk.dim() == 3 else s.spk[:, :, None].expand(-1, -1, x.shape[2])
         cond = _interleave(torch.cat([s.mu, spk_t, s.cond], dim=1))  # [R, 240, F]
         inputs = torch.cat([x.repeat_interleave(2, 0), cond], dim=1).transpose(1, 2)
-        key_bias = torch.zeros(s.key_mask.shape, dtype=x.dtype, device=x.device)
+        inputs = inputs.to(self.compute_dtype)
+        key_bias = torch.zeros(s.key_mask.shape, dtype=self.compute_dtype, device=x.device)
         key_bias.masked_fill_(~s.key_mask, float("-inf"))
         r = torch.arange(inputs.shape[0], device=x.device)[:, None].expand(-1, x.shape[2])
         ctx = _SolveContext(s, key_bias, (r, s.write_pos))
         for step, (_, dt) in enumerate(self._schedule(s.x.device, s.x.dtype)):
             if step:
                 inputs[:, :, :80] = x.repeat_interleave(2, 0).transpose(1, 2)
-            out = self.forward(ctx, step, inputs)
+            out = self.forward(ctx, step, inputs).to(x.dtype)
             d = out.view(x.shape[0], 2, *out.shape[1:])  # [n, 2, F, 80]: CFG rows adjacent
             dphi = (1.0 + self.cfg_rate) * d[:, 0] - self.cfg_rate * d[:, 1]
             x = x + dt * dphi.transpose(1, 2)
@@ -403,7 +408,7 @@ class GraphedSolve:
         self.est, self.dispatcher, self.kind = est, dispatcher, kind
         self.trash = est.frames - 1
         n, f, t = max(batch_sizes), max(frame_buckets), est.frames
-        dev, dt = est.k.device, est.k.dtype
+        dev, dt = est.k.device, est.io_dtype
         self.x = torch.zeros(n, 80, f, device=dev, dtype=dt)
         self.mu, self.cond, self.out = (torch.zeros_like(self.x) for _ in range(3))
         self.spk = torch.zeros(n, 80, device=dev, dtype=dt)

@@ -105,7 +105,7 @@ class PackedSetupSolve:
         if top >= t:
             raise ValueError(f"bucket of {top} frames leaves no trash position in {t}")
         self.trash = t - 1
-        dev, dt = est.k.device, est.k.dtype
+        dev, dt = est.k.device, est.io_dtype
         self.x = torch.zeros(1, 80, top, device=dev, dtype=dt)
         self.mu, self.cond, self.spk, self.out = (torch.zeros_like(self.x) for _ in range(4))
         self.write = torch.full((2, top), self.trash, dtype=torch.long, device=dev)
