@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -41,6 +42,7 @@ from .perf.jobs import (
 from .perf.lastgood import build_lastgood_configmap, lastgood_from_configmap, lastgood_name
 from .perf.plan import Observed, PerfPlan, plan
 from .perf.results import attempt_of, newest_pod, read_result, to_read
+from .perf.search import SearchPlan, candidates, decide, slo_condition
 from .serving_config import ServingConfig, check_token_secret, profile_document, serving_config
 from .spec import SpeechSpec, parse_spec
 from .status import (
@@ -101,9 +103,12 @@ class Reconciler:
         except InvalidSpec as invalid:
             metrics.FAILURES.labels(invalid.reason).inc()
             return await self._refuse(body, owner, invalid)
-        perf = await self._perf_plan(owner, spec, cfg, previous)
+        perf, search, chosen = await self._perf_plan(owner, spec, cfg, previous)
         # A failed gate with rollback on serves the last good config; the spec stays.
-        serve_spec, serve_cfg = perf.serve or (spec, cfg)
+        serve_spec, serve_cfg = perf.serve or chosen
+        slo = slo_condition(spec.slo, perf.view.status, search)
+        view = perf.view if slo is None else dataclasses.replace(
+            perf.view, conditions=(*perf.view.conditions, slo))
         changes: list[tuple[str, str, str]] = []
         deployment = None
         try:
@@ -115,7 +120,7 @@ class Reconciler:
                     child["spec"]["replicas"] = 0
             # All or none: what the server or its admission would refuse stops here, before
             # the first write, the benchmark Jobs included.
-            await self._rehearse_jobs(owner, perf)
+            await self._rehearse_jobs(owner, _job_requests(perf, search))
             scaled = serve_spec.autoscaling.enabled
             applied, retired = await apply_all(
                 self._api, children, owner.uid, create_only=HPA_OWNED if scaled else None,
@@ -128,7 +133,7 @@ class Reconciler:
                 if child["kind"] == "Deployment":
                     deployment = live
             changes += [(gone.kind, gone.name, "deleted") for gone in retired]
-            events = await self._carry_out(owner, perf)
+            events = await self._carry_out(owner, perf, search)
         except InvalidSpec as conflict:
             metrics.FAILURES.labels(conflict.reason).inc()
             return await self._refuse(body, owner, conflict)
@@ -138,48 +143,65 @@ class Reconciler:
             generation=body["metadata"].get("generation", 0), served=served,
             deployment=deployment,
             replicas=0 if perf.scale_to_zero else wanted_replicas(spec, deployment),
-            invalid=None, previous=previous, now=self._clock(), perf=perf.view,
+            invalid=None, previous=previous, now=self._clock(), perf=view,
             autoscaling=autoscaling_status(spec.autoscaling, owner.name, deployment),
+            search=search.status if search is not None else None,
         )
         await self._publish(body, status, changes, events)
         return Outcome("ok", changes, status)
 
-    async def _perf_plan(self, owner: Owner, spec: SpeechSpec, cfg: ServingConfig,
-                         previous: Mapping[str, Any]) -> PerfPlan:
-        """Read what the benchmark needs from the cluster, then decide (perf.plan.plan)."""
+    async def _perf_plan(
+        self, owner: Owner, spec: SpeechSpec, cfg: ServingConfig, previous: Mapping[str, Any],
+    ) -> tuple[PerfPlan, SearchPlan | None, tuple[SpeechSpec, ServingConfig]]:
+        """Read what the benchmark and the profile search need from the cluster, then decide
+        (perf.search.decide, then perf.plan.plan for the configuration chosen to serve)."""
         ns, enabled = owner.namespace, spec.perf.enabled
         if not enabled and not previous.get("perf"):
-            return plan(spec, cfg, Observed((), {}, None, False), None)
+            return plan(spec, cfg, Observed((), {}, None, False), None), None, (spec, cfg)
+        searching = enabled and spec.profile.search.enabled
+        found = candidates(spec, cfg) if searching else ()
         jobs = await self._api.list("Job", ns, label_selector(perf_selector(owner)))
         attempts = tuple(a for job in jobs
                          if is_controlled_by(job, owner.uid) and (a := attempt_of(job)))
         results, last_good, ready = {}, None, False
+        search, chosen = None, (spec, cfg)
         if enabled:
-            for attempt in to_read(attempts, cfg.config_hash):
+            hashes = sorted({cfg.config_hash, *(c.config_hash for c in found if c.cfg)})
+            for attempt in (a for h in hashes for a in to_read(attempts, h)):
                 pods = await self._api.list("Pod", ns, f"job-name={attempt.name}")
                 results[attempt.name] = read_result(attempt, newest_pod(pods))
+            if searching:
+                search = decide(spec, found, attempts, results, cfg.config_hash)
+                if search.winner is not None and search.winner.spec and search.winner.cfg:
+                    chosen = (search.winner.spec, search.winner.cfg)
             record = await self._api.get("ConfigMap", ns, lastgood_name(owner))
             if record is not None and is_controlled_by(record, owner.uid):
                 last_good = lastgood_from_configmap(record)
             if spec.perf.placement == "live":
                 deployment = await self._api.get("Deployment", ns, owner.name)
                 ready = _serves(deployment, cfg.config_hash, wanted_replicas(spec, deployment))
-        return plan(spec, cfg, Observed(attempts, results, last_good, ready), previous.get("perf"))
+        seen = Observed(attempts, results, last_good, ready,
+                        search.protected if search is not None else frozenset())
+        return plan(*chosen, seen, previous.get("perf")), search, chosen
 
-    async def _carry_out(self, owner: Owner, perf: PerfPlan) -> list[tuple[str, str, str]]:
+    async def _carry_out(self, owner: Owner, perf: PerfPlan,
+                         search: SearchPlan | None) -> list[tuple[str, str, str]]:
         """Delete what is superseded first (it frees GPUs), then start what is missing."""
         events = []
         for name, why in perf.delete:
             if await self._api.delete("Job", owner.namespace, name):
                 events.append(("Normal", "JobDeleted", f"Job {name} deleted: {why}"))
-        for request in perf.create:
+        notes = {f"{r.config_hash}/{r.kind}": perf.retry_notes[r.kind]
+                 for r in perf.create if r.kind in perf.retry_notes}
+        notes |= (search.retry_notes or {}) if search is not None else {}
+        for request in _job_requests(perf, search):
             uid, created = await self._ensure_job(owner, request)
             await self._ensure_job_config(owner, request, uid)
             name = job_name(owner, request.kind, request.config_hash, request.attempt)
-            if created and request.kind in perf.retry_notes:
+            note = notes.get(f"{request.config_hash}/{request.kind}")
+            if created and note:
                 events.append(("Warning", "BenchmarkRetried",
-                               f"Job {name} created, attempt {request.attempt}, after "
-                               + perf.retry_notes[request.kind]))
+                               f"Job {name} created, attempt {request.attempt}, after " + note))
             elif created:
                 events.append(("Normal", "BenchmarkStarted",
                                f"Job {name} created ({request.kind} of {request.config_hash},"
@@ -193,8 +215,8 @@ class Reconciler:
             await apply(self._api, build_lastgood_configmap(owner, perf.record), owner.uid)
         return events
 
-    async def _rehearse_jobs(self, owner: Owner, perf: PerfPlan) -> None:
-        for request in perf.create:
+    async def _rehearse_jobs(self, owner: Owner, requests: tuple[JobRequest, ...]) -> None:
+        for request in requests:
             job = build_job(owner, request)
             if await self._api.get("Job", owner.namespace, job["metadata"]["name"]) is None:
                 with contextlib.suppress(AlreadyExists):
@@ -244,7 +266,7 @@ class Reconciler:
             generation=body["metadata"].get("generation", 0), served=served_from(previous),
             deployment=deployment, replicas=replicas, invalid=invalid,
             previous=previous, now=self._clock(), perf=_kept_perf(previous),
-            autoscaling=previous.get("autoscaling"),
+            autoscaling=previous.get("autoscaling"), search=previous.get("profileSearch"),
         )
         await self._publish(body, status, [])
         return Outcome("invalid", [], status)
@@ -263,7 +285,7 @@ class Reconciler:
         if status != {key: previous.get(key) for key in status}:
             meta = body["metadata"]
             patch = {**status, **{key: with_removals(previous.get(key), status.get(key))
-                                  for key in ("perf", "autoscaling")}}
+                                  for key in ("perf", "autoscaling", "profileSearch")}}
             await self._api.patch_speech_status(meta["namespace"], meta["name"], patch)
 
 
@@ -294,6 +316,11 @@ def with_removals(old: Any, new: Any) -> Any:
     return patch
 
 
+def _job_requests(perf: PerfPlan, search: SearchPlan | None) -> tuple[JobRequest, ...]:
+    """The plan's Jobs for what serves, then the search's for its next candidate."""
+    return perf.create + (search.create if search is not None else ())
+
+
 def wanted_replicas(spec: SpeechSpec, deployment: Mapping[str, Any] | None) -> int:
     """The serving pods the resource wants now: spec.replicas, or while autoscaling is on
     the count the HorizontalPodAutoscaler last gave the Deployment."""
@@ -314,7 +341,7 @@ def _serves(deployment: Mapping[str, Any] | None, config_hash: str, replicas: in
 
 def _kept_perf(previous: Mapping[str, Any]) -> PerfView:
     """A refused spec changes nothing: the benchmark's status and conditions stay as they were."""
-    kept = ("Benchmarked", "PerfGate", "QualityGate", "RolledBack", "Maintenance")
+    kept = ("Benchmarked", "PerfGate", "QualityGate", "RolledBack", "Maintenance", "SLO")
     conditions = tuple(condition_from(c) for c in previous.get("conditions") or []
                        if c.get("type") in kept)
     return PerfView(previous.get("perf"), conditions)
@@ -345,6 +372,7 @@ def transition_events(
                        f"{(status.get('perf') or {}).get('configHash')}: {new_bench['message']}"))
     events += autoscaling_events(previous.get("autoscaling"), status.get("autoscaling"),
                                  status.get("replicas"))
+    events += search_events(previous.get("profileSearch"), status.get("profileSearch"))
     if previous.get("phase") != status.get("phase"):
         kind = "Warning" if status["phase"] == "Degraded" else "Normal"
         message = find_condition(status, "Ready").get("message", "")
@@ -374,3 +402,20 @@ def autoscaling_events(old: Mapping[str, Any] | None, new: Mapping[str, Any] | N
              f"from {new['minReplicas']} to {new['maxReplicas']} pods on {new['metric']} "
              f"{new['target']:g} ({new['podMetric']} at {new['podMetricTarget']} per pod); "
              "the operator no longer writes its replicas")]
+
+
+def search_events(old: Mapping[str, Any] | None,
+                  new: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """A profile search started, or decided: a winner, or no candidate meeting the SLO."""
+    old = old or {}
+    if not new or (old.get("phase"), old.get("winnerConfigHash")) == (
+            new.get("phase"), new.get("winnerConfigHash")):
+        return []
+    message = str(new.get("message", ""))
+    if new["phase"] == "Searching":
+        return [("Normal", "ProfileSearchStarted",
+                 f"Benchmarking {len(new.get('candidates') or [])} candidate profiles against "
+                 f"spec.slo, one at a time: {message}")]
+    if new["phase"] == "Chosen":
+        return [("Normal", "ProfileChosen", message)]
+    return [("Warning", "NoCandidateMeetsSlo", message)]

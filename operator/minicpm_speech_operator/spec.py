@@ -13,6 +13,8 @@ from minicpm_speech_contract.bounded import BoundedInputError, check_parsed
 from .autoscaling import Autoscaling, check_autoscaling, parse_autoscaling
 from .crd_schema import spec_schema, validate_spec, with_defaults
 from .errors import InvalidSpec
+from .profiles import bundled_profile_names
+from .slo import Search, Slo, check_search, check_slo, parse_search, parse_slo
 
 Placement = Literal["dedicated", "maintenance", "live"]
 
@@ -48,6 +50,7 @@ class ProfileRef:
     name: str | None
     configmap_name: str | None
     configmap_key: str
+    search: Search
 
     @property
     def label(self) -> str:
@@ -126,6 +129,7 @@ class SpeechSpec:
     profile_overrides: Mapping[str, Any]
     runtime: Runtime
     perf: Perf
+    slo: Slo | None
     raw: Mapping[str, Any]  # the defaulted spec, kept so a last good config can be rebuilt
 
 
@@ -145,11 +149,15 @@ def parse_spec(raw: Any) -> SpeechSpec:
         profile_overrides=spec.get("profileOverrides", {}),
         runtime=_runtime(spec["runtime"]),
         perf=_perf(spec["perf"]),
+        slo=parse_slo(spec.get("slo")),
         raw=spec,
     )
     check_runtime(parsed.runtime)
     check_autoscaling(parsed.autoscaling)
     check_perf(parsed)
+    check_slo(parsed.slo, parsed.perf.concurrencies)
+    check_search(parsed.profile.search, parsed.slo, parsed.perf.enabled, parsed.perf.placement,
+                 tuple(bundled_profile_names()))
     return parsed
 
 
@@ -216,6 +224,7 @@ def _profile(profile: Mapping[str, Any]) -> ProfileRef:
         name=profile.get("name"),
         configmap_name=ref["name"] if ref else None,
         configmap_key=ref["key"] if ref else "profile.yaml",
+        search=parse_search(profile.get("search")),
     )
 
 

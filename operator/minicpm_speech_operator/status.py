@@ -135,6 +135,7 @@ def build_status(
     now: str,
     perf: PerfView | None = None,
     autoscaling: Mapping[str, Any] | None = None,
+    search: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     perf = perf or PerfView(None)
     rollout = rollout_conditions(deployment, replicas)
@@ -156,6 +157,7 @@ def build_status(
         # null removes a stale status.perf (merge patch) once perf is off.
         "perf": dict(perf.status) if perf.status is not None else None,
         "autoscaling": dict(autoscaling) if autoscaling is not None else None,
+        "profileSearch": dict(search) if search is not None else None,
     }
     if served is not None:
         status |= {

@@ -42,6 +42,8 @@ class Observed:
     results: Mapping[str, Result]  # by Job name: the finished newest attempts of this hash
     last_good: LastGood | None
     serving_ready: bool  # the Deployment serves this hash, every replica warmed up
+    # Hashes whose Jobs a profile search still needs (perf.search): never superseded or pruned.
+    protected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +65,8 @@ def plan(spec: SpeechSpec, cfg: ServingConfig, seen: Observed,
         stop = tuple((a.name, "spec.perf.enabled is false")
                      for a in seen.attempts if a.state == "active")
         return PerfPlan(PerfView(None), None, False, delete=stop)
-    delete = _superseded(seen.attempts, config_hash) + _pruned(
-        seen.attempts, config_hash, perf.history_limit)
+    free = [a for a in seen.attempts if a.config_hash not in seen.protected]
+    delete = _superseded(free, config_hash) + _pruned(free, config_hash, perf.history_limit)
     ours = [a for a in seen.attempts if a.config_hash == config_hash]
     last_good = seen.last_good
     if last_good is not None and last_good.config_hash == config_hash and not ours:
