@@ -27,11 +27,13 @@ EXTRA_PATH = ("connectors", "connector_of_shared_memory", "extra")
 # encoder's 3 lookahead tokens (the engine's config holds the same numbers and checks them).
 ENGINE_CHUNK_TOKENS = 25
 ENGINE_LOOKAHEAD_TOKENS = 3
-# What the batched engine keeps its solver caches in (its compute stays fp32 in each):
+# The batched engine's arithmetic for the flow (its encoder and DiT); HiFT stays fp32 in each:
 #   fp32: the reference's arithmetic (PCM parity within 1e-4);
 #   bf16-cache: keys, values and conv caches in bfloat16, half the slots' memory, read back
-#   into fp32 for attention and the convs.
-PRECISIONS = ("fp32", "bf16-cache")
+#   into fp32 for attention and the convs;
+#   bf16: the encoder's and the DiT's weights, activations and caches in bfloat16; the
+#   solver's state stays fp32, and the fused kernels compute norms and softmax in fp32.
+PRECISIONS = ("fp32", "bf16-cache", "bf16")
 
 Kind = Literal["boolean", "integer", "number", "string", "integer-list", "any"]
 _MESSAGE_CAP = 200
@@ -123,8 +125,9 @@ EXTRAS: tuple[Extra, ...] = (
     Extra("token2wav_n_timesteps", "integer",
           "Flow-matching solver steps per chunk.", reader="both", minimum=1, maximum=50),
     Extra("token2wav_precision", "string",
-          "What the batched engine keeps the flow's solver caches in: fp32, or bf16-cache "
-          "(keys, values and conv caches in bfloat16, half their memory; compute stays fp32).",
+          "The batched engine's arithmetic for the flow: fp32; bf16-cache (keys, values and "
+          "conv caches in bfloat16, half their memory; compute stays fp32); or bf16 (the "
+          "encoder and the DiT in bfloat16, caches too). HiFT stays fp32 in every mode.",
           choices=PRECISIONS),
     Extra("token2wav_runtime_prompt_cache_size", "integer",
           "Prepared prompts vLLM-Omni's own Code2Wav keeps.", reader="vllm-omni",

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from minicpm_speech_contract.extras import PRECISIONS
 from minicpm_speech_runtime.assets import load_code2wav
 from minicpm_speech_runtime.engine.estimator import BatchedEstimator, PackedRows, SolveInputs
 from minicpm_speech_runtime.engine.kernels import Kernels
+from minicpm_speech_runtime.engine.runner import compute_flow
 
 
 def _interpreter_scalar_loop_bounds() -> None:
@@ -158,12 +160,15 @@ def fused_vs_torch(
     }
 
 
-def solve_diffs(checkpoint: str, cache_dtype: torch.dtype | None = None) -> dict[str, float]:
+def solve_diffs(checkpoint: str, precision: str = "fp32") -> dict[str, float]:
+    """One batched decode solve with ragged rows, fused vs torch, in one of the precisions."""
     models = load_code2wav(checkpoint, "cpu")
+    flow = compute_flow(models.flow, precision)
+    cache_dtype = torch.bfloat16 if precision == "bf16-cache" else None
     frames, t = 9, 24
 
     def make(kernels: Kernels) -> tuple[BatchedEstimator, SolveInputs]:
-        est = BatchedEstimator(models.flow.decoder, 2, t, 10, kernels, cache_dtype=cache_dtype)
+        est = BatchedEstimator(flow.decoder, 2, t, 10, kernels, cache_dtype=cache_dtype)
         g = torch.Generator().manual_seed(1)
         n, r = 2, 4
         lens = [frames, frames - 3]  # ragged: the second stream's last 3 frames are padding
@@ -190,21 +195,25 @@ def solve_diffs(checkpoint: str, cache_dtype: torch.dtype | None = None) -> dict
         )
         return est, s
 
-    return fused_vs_torch("solve" if cache_dtype is None else "solve_bf16_cache", make)
+    return fused_vs_torch(_named("solve", precision), make)
 
 
-def packed_solve_diffs(
-    checkpoint: str, cache_dtype: torch.dtype | None = None
-) -> dict[str, float]:
+def _named(name: str, precision: str) -> str:
+    return name if precision == "fp32" else f"{name}_{precision.replace('-', '_')}"
+
+
+def packed_solve_diffs(checkpoint: str, precision: str = "fp32") -> dict[str, float]:
     """One packed setup solve (prompts of 6 and 4 frames, 2 frames of padding), fused vs torch."""
     from minicpm_speech_runtime.engine.setup_solve import PackLayout, packed_indices
 
     models = load_code2wav(checkpoint, "cpu")
+    flow = compute_flow(models.flow, precision)
+    cache_dtype = torch.bfloat16 if precision == "bf16-cache" else None
     layout, t = PackLayout((6, 4), 12), 16
     ix = packed_indices(layout, 4)
 
     def make(kernels: Kernels) -> tuple[BatchedEstimator, SolveInputs]:
-        est = BatchedEstimator(models.flow.decoder, 1, t, 10, kernels, conv_slots=2,
+        est = BatchedEstimator(flow.decoder, 1, t, 10, kernels, conv_slots=2,
                                cache_dtype=cache_dtype)
         g = torch.Generator().manual_seed(2)
         s = SolveInputs(
@@ -223,8 +232,7 @@ def packed_solve_diffs(
         )
         return est, s
 
-    return fused_vs_torch("packed_solve" if cache_dtype is None else "packed_solve_bf16_cache",
-                          make)
+    return fused_vs_torch(_named("packed_solve", precision), make)
 
 
 def main() -> None:
@@ -234,10 +242,9 @@ def main() -> None:
     chosen = Kernels.for_device(torch.device("cpu"), wanted=True)  # runs its self-check
     result["self_check"] = chosen.self_check(torch.device("cpu")) if chosen.fused else -1.0
     result["chosen_under_tf32"] = chosen_under_tf32()
-    result.update(solve_diffs(sys.argv[1]))
-    result.update(packed_solve_diffs(sys.argv[1]))
-    result.update(solve_diffs(sys.argv[1], torch.bfloat16))
-    result.update(packed_solve_diffs(sys.argv[1], torch.bfloat16))
+    for precision in PRECISIONS:
+        result.update(solve_diffs(sys.argv[1], precision))
+        result.update(packed_solve_diffs(sys.argv[1], precision))
     print(json.dumps(result))
 
 

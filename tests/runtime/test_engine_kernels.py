@@ -50,6 +50,13 @@ def test_triton_kernels_match_torch_ops(tiny_checkpoint: Path, child_env: dict[s
     velocity = {k: bf16.pop(k) for k in ("solve_bf16_cache", "packed_solve_bf16_cache")}
     assert all(v <= 1e-3 for v in velocity.values()), velocity
     assert len(bf16) == 6 and all(v <= 1 / 16 for v in bf16.values()), bf16
+    # precision "bf16": the torch ops compute norms and Mish in bfloat16 where the kernels
+    # compute them in fp32 and round once, so the two drift apart by bfloat16 steps (1/128
+    # relative) through ten Euler steps; the fp32 solver state keeps that drift small
+    narrow = {k: diffs.pop(k) for k in list(diffs) if k.endswith("_bf16") or "_bf16_" in k}
+    velocity = {k: narrow.pop(k) for k in ("solve_bf16", "packed_solve_bf16")}
+    assert all(v <= 2e-2 for v in velocity.values()), velocity
+    assert len(narrow) == 6 and all(v <= 1 / 16 for v in narrow.values()), narrow
     # the engine's own start-up check chose these kernels (-1: it refused them)
     assert 0 <= diffs.pop("self_check") <= SELF_CHECK_TOLERANCE["fp32"]
     # torch's matmuls in TF32 (the serving default) must not make the check refuse the kernels,

@@ -4,6 +4,7 @@ and the audio stays close to the fp32 engine's."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from minicpm_speech_runtime.bench.fidelity import fidelity
@@ -57,7 +58,7 @@ def test_bf16_cache_streams_reuse_setups_and_stay_close_to_fp32(models, voices) 
     assert PRECISION_TARGET_DB < row["flow_snr_db"] < float("inf")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-cache"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-cache", "bf16"])
 def test_the_graph_path_runs_every_precision_as_its_eager_solve(models, voices, precision) -> None:  # type: ignore[no-untyped-def]
     """Each graph's static buffers hold the solve's fp32 state and inputs, whatever the
     caches' or the weights' type: every graph captures, and a stream decodes through them as
@@ -90,6 +91,42 @@ def max_diff_by_stream(a: dict, b: dict) -> float:  # type: ignore[type-arg]
     return max(max_diff(a[k], b[k]) for k in a)
 
 
+def test_bf16_computes_the_flow_in_bfloat16_and_leaves_the_loaded_flow_fp32(models) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(models, precision="bf16")
+    runner = eng.runner
+    for name in ("estimator", "setup_estimator"):
+        est = getattr(runner, name)
+        assert {t.dtype for t in (est.k, est.v, est.conv)} == {torch.bfloat16}
+        assert est.compute_dtype == torch.bfloat16 and est.io_dtype == torch.float32
+    assert {p.dtype for p in runner.compute_flow.parameters()} == {torch.bfloat16}
+    assert runner.compute_flow.decoder.rand_noise.dtype == torch.float32  # the solver's state
+    # the loaded flow is shared with the reference and other engines: untouched
+    assert {p.dtype for p in models.flow.parameters()} == {torch.float32}
+    assert {p.dtype for p in models.hift.parameters()} == {torch.float32}
+
+
+def test_bf16_streams_reuse_setups_and_stay_close_to_fp32(models, voices) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(models, precision="bf16", max_streams=3, micro_batch=3)
+    out: dict = {}  # type: ignore[type-arg]
+    reasons: dict = {}  # type: ignore[type-arg]
+    for i in range(2):
+        eng.add_stream(f"s{i}", voices[i])
+        eng.push_tokens(f"s{i}", utterance(40, i), last=True)
+    for _ in drain(eng, out, reasons):
+        pass
+    eng.add_stream("again", voices[0])
+    eng.push_tokens("again", utterance(40, 0), last=True)
+    for _ in drain(eng, out, reasons):
+        pass
+    assert reasons == {"s0": "done", "s1": "done", "again": "done"}
+    assert eng.counters.setup_hits == 1
+    assert all(np.isfinite(np.concatenate(chunks)).all() for chunks in out.values())
+    [row] = fidelity(models, voices, [utterance(60, i) for i in range(3)],
+                     {"bf16": {"precision": "bf16"}},
+                     {"max_streams": 3, "micro_batch": 3, "max_prompt_frames": 300})
+    assert PRECISION_TARGET_DB < row["flow_snr_db"] < float("inf")
+
+
 def test_a_precision_the_engine_lacks_is_refused() -> None:
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16-cache"):
-        EngineConfig(precision="bf16")
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16-cache, bf16"):
+        EngineConfig(precision="fp16")

@@ -15,6 +15,7 @@ A setup group's prompts are packed end to end in a scratch estimator of one row 
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -75,12 +76,15 @@ class Runner:
         steps = config.n_timesteps
         self.kernels = Kernels.for_device(models.device, config.fused_kernels)
         cache_dtype = torch.bfloat16 if config.precision == "bf16-cache" else None
+        # what the encoder and the DiT compute with; the speaker projection stays the flow's
+        self.compute_flow = compute_flow(self.flow, config.precision)
         self.estimator = BatchedEstimator(
-            self.flow.decoder, config.max_streams, config.cache_frames, steps, self.kernels,
+            self.compute_flow.decoder, config.max_streams, config.cache_frames, steps,
+            self.kernels,
             cache_dtype=cache_dtype,
         )
         self.setup_estimator = BatchedEstimator(
-            self.flow.decoder,
+            self.compute_flow.decoder,
             1,
             config.setup_cache_frames,
             steps,
@@ -103,7 +107,7 @@ class Runner:
             self.setup_estimator, self.graphs, config.setup_frame_buckets, config.micro_batch
         )
         self.encoder = BatchedEncoder(
-            self.flow, models.device, config.max_streams, config.max_prompt_frames
+            self.compute_flow, models.device, config.max_streams, config.max_prompt_frames
         )
         hift_sizes = decode_sizes if config.vocoder_graphs else None
         self.vocoder = BatchedVocoder(
@@ -356,6 +360,17 @@ class Runner:
         """Capture the whole grid: decode solves, setup solves, then the vocoder (a failed
         capture stops all later ones, so the solves, which matter most, go first)."""
         return self.graphs.precapture(("decode", "setup", "hift", "hift_tail"))
+
+
+def compute_flow(flow: CausalMaskedDiffWithXvec, precision: str) -> CausalMaskedDiffWithXvec:
+    """The flow the encoder and the DiT run: the loaded one, or for ``bf16`` a bfloat16 copy
+    (the loaded fp32 flow stays as it is: the reference and other engines share it)."""
+    if precision != "bf16":
+        return flow
+    narrow = copy.deepcopy(flow).to(torch.bfloat16)
+    # The solver's starting noise is part of its fp32 state (see BatchedEstimator.io_dtype).
+    narrow.decoder.rand_noise = flow.decoder.rand_noise
+    return narrow
 
 
 def _sync(device: torch.device) -> None:

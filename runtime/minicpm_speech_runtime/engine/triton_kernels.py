@@ -39,14 +39,15 @@ def _residual_norm(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < C
-    x = tl.load(X + row * C + cols, mask=m, other=0.0)
+    # every kernel computes in fp32 whatever it reads: bf16 weights and activations too
+    x = tl.load(X + row * C + cols, mask=m, other=0.0).to(tl.float32)
     if HAS_RES:
-        g = tl.load(G + cols, mask=m, other=0.0)
-        y = tl.load(Y + row * C + cols, mask=m, other=0.0)
+        g = tl.load(G + cols, mask=m, other=0.0).to(tl.float32)
+        y = tl.load(Y + row * C + cols, mask=m, other=0.0).to(tl.float32)
         x = x + g * y
         tl.store(XO + row * C + cols, x, mask=m)
-    w = tl.load(W + cols, mask=m, other=0.0)
-    b = tl.load(B + cols, mask=m, other=0.0)
+    w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
     h = _row_norm(x[None, :], m[None, :], C, eps)
     tl.store(H + row * C + cols[None, :], h * w[None, :] + b[None, :], mask=m[None, :])
 
@@ -102,14 +103,14 @@ def _qkv_into_cache(
     ds = tl.arange(0, BD)[None, :]
     m = (hs < HEADS) & (ds < D)
     src = QKV + n * (3 * HEADS * D) + hs * D + ds
-    q = tl.load(src, mask=m, other=0.0)
-    k = tl.load(src + HEADS * D, mask=m, other=0.0)
+    q = tl.load(src, mask=m, other=0.0).to(tl.float32)
+    k = tl.load(src + HEADS * D, mask=m, other=0.0).to(tl.float32)
     v = tl.load(src + 2 * HEADS * D, mask=m, other=0.0)
     dm = ds < D
-    qw = tl.load(QW + ds, mask=dm, other=0.0)
-    qb = tl.load(QB + ds, mask=dm, other=0.0)
-    kw = tl.load(KW + ds, mask=dm, other=0.0)
-    kb = tl.load(KB + ds, mask=dm, other=0.0)
+    qw = tl.load(QW + ds, mask=dm, other=0.0).to(tl.float32)
+    qb = tl.load(QB + ds, mask=dm, other=0.0).to(tl.float32)
+    kw = tl.load(KW + ds, mask=dm, other=0.0).to(tl.float32)
+    kb = tl.load(KB + ds, mask=dm, other=0.0).to(tl.float32)
     q = _row_norm(q, m, D, eps) * qw + qb
     k = _row_norm(k, m, D, eps) * kw + kb
     tl.store(Q + ((r * HEADS + hs) * frames + f) * D + ds, q, mask=m)  # [R, H, F, D]
@@ -171,6 +172,7 @@ def _attention(
     ds = tl.arange(0, D)
     fm = fs < frames
     q = tl.load(Q + (rh * frames + fs[:, None]) * D + ds[None, :], mask=fm[:, None], other=0.0)
+    q = q.to(tl.float32)
     if PER_QUERY:
         at = RANGE + 2 * (r * frames + fs)
         q_lo = tl.load(at, mask=fm, other=2**62)
@@ -255,9 +257,9 @@ def _norm_mish(X, W, B, H, eps, C: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < C
-    x = tl.load(X + row * C + cols, mask=m, other=0.0)
-    w = tl.load(W + cols, mask=m, other=0.0)
-    b = tl.load(B + cols, mask=m, other=0.0)
+    x = tl.load(X + row * C + cols, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
     y = _row_norm(x[None, :], m[None, :], C, eps) * w[None, :] + b[None, :]
     # Mish: y * tanh(softplus(y)); softplus >= 0, so tanh = 1 - 2 / (exp(2 sp) + 1) is stable
     sp = tl.where(y > 20.0, y, tl.log(1.0 + tl.exp(tl.minimum(y, 20.0))))
