@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from minicpm_speech_contract.extras import EXTRA_PATH
+from minicpm_speech_contract.extras import EXTRA_PATH, PRECISIONS
 
 from .errors import InvalidSpec
 
@@ -115,6 +115,12 @@ def check_search(search: Search, slo: Slo | None, perf_enabled: bool, placement:
         if name not in bundled:
             raise InvalidSpec(f"{field}.profiles[{i}]", f"{name!r} is not a bundled profile",
                               f"Use one of: {', '.join(bundled)}")
+    for key, values in search.grid:
+        for i, value in enumerate(values):
+            if key == "precision" and value not in PRECISIONS:
+                raise InvalidSpec(f"{field}.grid.precision[{i}]",
+                                  f"{value!r} is not a Code2Wav precision",
+                                  f"Use one of: {', '.join(PRECISIONS)}")
     if search.num_candidates > search.max_candidates:
         raise InvalidSpec(
             f"{field}.maxCandidates",

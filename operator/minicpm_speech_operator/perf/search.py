@@ -215,8 +215,9 @@ def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Atte
                           key=lambda r: (sum(m.shortfall for m in verdicts[
                               r.candidate.config_hash]), -_throughput(r)))
     phase: Phase = "Searching" if not done else "Chosen" if winner else "NoCandidateMeetsSlo"
-    table = [_row(r, slo, verdicts.get(r.candidate.config_hash), winner, done, spent,
-                  search.max_gpu_minutes) for r in rows]
+    budget = (spent, search.max_gpu_minutes)
+    table = [_row(r, slo, verdicts.get(r.candidate.config_hash), winner, done, budget,
+                  r.candidate.config_hash == serving_hash, reference) for r in rows]
     status = compact({
         "phase": phase,
         "message": _message(phase, rows, winner, closest, verdicts, slo, create),
@@ -268,7 +269,7 @@ def _throughput(row: Measured) -> float:
 
 
 def _row(row: Measured, slo: Slo, found: list[Miss] | None, winner: Measured | None, done: bool,
-         spent: float, budget: int) -> dict[str, Any]:
+         budget: tuple[float, int], serving: bool, reference: float | None) -> dict[str, Any]:
     figures = row.figures
     entry: dict[str, Any] = {"candidate": row.candidate.label,
                              "configHash": row.candidate.config_hash or None,
@@ -276,25 +277,29 @@ def _row(row: Measured, slo: Slo, found: list[Miss] | None, winner: Measured | N
     if figures is not None:
         entry |= {"audioThroughput": figures.audio_throughput,
                   "firstAudioP95Ms": figures.first_audio_p95_ms,
-                  "werPercent": figures.wer_percent, "sim": figures.sim,
+                  "werPercent": figures.wer_percent,
+                  "werDeltaPoints": wer_delta(figures.wer_percent, reference),
+                  "sim": figures.sim,
                   "meetsSlo": not found}
-    result, reason = _result(row, slo, found, winner, done, spent, budget)
+    result, reason = _result(row, slo, found, winner, done, budget, serving)
     return compact({**entry, "result": result, "reason": reason})
 
 
 def _result(row: Measured, slo: Slo, found: list[Miss] | None, winner: Measured | None,
-            done: bool, spent: float, budget: int) -> tuple[str, str]:
+            done: bool, budget: tuple[float, int], serving: bool) -> tuple[str, str]:
     if row.state == "Invalid":
         return "Invalid", row.candidate.problem
     if row.state == "NotMeasured":
-        return "NotMeasured", (f"not benchmarked: the search's GPU budget of {budget} minutes "
-                               f"was spent ({spent:g} minutes)")
+        return "NotMeasured", (f"not benchmarked: the search's GPU budget of {budget[1]} "
+                               f"minutes was spent ({budget[0]:g} minutes)")
     if row.state == "Failed":
         failed = [k for k in row.kinds.values() if k.state == "Failed"]
         return "Failed", "; ".join(f"{k.kind}: {k.message}" for k in failed)
     if row.state in ("Waiting", "Running"):
-        return "Pending", ("benchmark running" if row.state == "Running"
-                           else "waiting for its turn")
+        if row.state == "Running":
+            return "Pending", "benchmark running"
+        return "Pending", ("serving now: its benchmark starts with the serving configuration's"
+                           if serving else "waiting for its turn")
     if found:
         return "MissedSlo", "; ".join(m.text for m in found)
     if not done:

@@ -1,0 +1,207 @@
+"""spec.profile.search with the real operator process: candidates benchmarked one at a time by
+perf Jobs whose figures a script sets per candidate, the winner served through the gate, a
+restart mid-search, and an SLO no candidate meets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema
+import pytest
+from minicpm_speech_operator.crd_schema import strict_json_schema, version_schema
+from minicpm_speech_perf.summarize import sweep_message
+
+from tests.harness.cluster import Cluster
+from tests.harness.kopf_runner import Operator
+
+from .journey import HASH_LABEL, NAME, children, condition, create_and_settle, events
+from .perf_journey import FINISHED, STARTED, finish, jobs, perf_spec, point, wer_result
+
+pytestmark = pytest.mark.usefixtures("emulated_only")
+
+STATUS_SCHEMA = jsonschema.Draft4Validator(
+    strict_json_schema(version_schema()["properties"]["status"]))
+KIND_LABEL = "serving.minicpm-speech.io/perf-kind"
+
+
+@pytest.fixture
+def emulated_only(cluster: Cluster) -> None:
+    if not cluster.is_emulated:
+        pytest.skip("completion is simulated by writing Job and pod status")
+
+
+# What each candidate's fake server measures at C8: audio-s/s, first-audio p95 ms, WER %.
+PICK = {
+    "default": (20.0, 900.0, 3.0),
+    "high-concurrency/precision=fp32": (30.0, 1500.0, 3.0),  # fastest, but too slow to start
+    "high-concurrency/precision=bf16-cache": (26.0, 1000.0, 3.5),  # meets every target
+}
+UNMEETABLE = {
+    "default": (20.0, 900.0, 3.0),  # p95 80 % over
+    "high-concurrency": (30.0, 600.0, 3.0),  # p95 20 % over: the closest
+    "low-latency": (12.0, 550.0, 3.0),  # p95 10 % over and 20 % short of 15 audio-s/s
+}
+
+
+def search_spec(profiles: list[str], grid: dict[str, Any] | None = None,
+                **slo: Any) -> dict[str, Any]:
+    # The gate allows the winner's later first audio: the SLO, not the gate, bounds it.
+    spec = perf_spec(gate={"maxFirstAudioP95RisePercent": 50})
+    spec["profile"] = {"name": "default", "search": {
+        "enabled": True, "profiles": profiles, **({"grid": grid} if grid else {})}}
+    spec["slo"] = {"concurrency": 8, "minAudioSecondsPerSecond": 15, **slo}
+    return spec
+
+
+def search_status(cluster: Cluster) -> dict[str, Any]:
+    speech = cluster.api.get_speech(NAME) or {}
+    found: dict[str, Any] = (speech.get("status") or {}).get("profileSearch") or {}
+    return found
+
+
+def labels_by_hash(cluster: Cluster) -> dict[str, str]:
+    return {row["configHash"]: row["candidate"]
+            for row in search_status(cluster).get("candidates") or [] if row.get("configHash")}
+
+
+def active(cluster: Cluster) -> list[dict[str, Any]]:
+    return [j for j in jobs(cluster) if not (j.get("status") or {}).get("conditions")]
+
+
+def sweep_of(config_hash: str, tput: float, p95: float) -> str:
+    points = [point("B", c, tput * c / 8, p95) for c in (1, 8)]
+    return sweep_message({"config_hash": config_hash, "mode": "dedicated", "started": STARTED,
+                          "finished": FINISHED, "baseline": None}, points)
+
+
+def play_jobs(cluster: Cluster, script: Mapping[str, tuple[float, float, float]],
+              running_hashes: list[set[str]]) -> int:
+    """Finish every running perf Job with its candidate's scripted figures, as its pod and
+    the Job controller would; returns how many were finished."""
+    names = labels_by_hash(cluster)
+    running = active(cluster)
+    running_hashes.append({j["metadata"]["labels"][HASH_LABEL] for j in running})
+    finished = 0
+    for job in running:
+        config_hash = job["metadata"]["labels"][HASH_LABEL]
+        if config_hash not in names:
+            continue
+        tput, p95, wer = script[names[config_hash]]
+        if job["metadata"]["labels"][KIND_LABEL] == "sweep":
+            finish(cluster, job, sweep_of(config_hash, tput, p95))
+        else:
+            finish(cluster, job, wer_result(config_hash, wer / 100))
+        finished += 1
+    return finished
+
+
+async def search_until(cluster: Cluster, script: Mapping[str, tuple[float, float, float]],
+                       phase: str, running_hashes: list[set[str]]) -> dict[str, Any]:
+    async def decided() -> dict[str, Any] | None:
+        import asyncio
+        await asyncio.to_thread(play_jobs, cluster, script, running_hashes)
+        found = search_status(cluster)
+        return found if found.get("phase") == phase else None
+
+    result: dict[str, Any] = await cluster.wait_for(decided, timeout=90, interval=0.3,
+                                                    message=f"profile search {phase}")
+    return result
+
+
+def assert_valid_status(cluster: Cluster) -> None:
+    status = (cluster.api.get_speech(NAME) or {})["status"]
+    errors = [e.message for e in STATUS_SCHEMA.iter_errors(status)]
+    assert errors == [], errors  # a field the CRD lacks would be dropped by the API server
+
+
+def print_table(found: Mapping[str, Any]) -> None:
+    print("status.profileSearch:\n" + json.dumps(found, indent=1))
+
+
+async def test_the_search_serves_the_fastest_candidate_that_meets_the_slo(
+        cluster: Cluster, operator: Operator) -> None:
+    spec = search_spec(["high-concurrency"], {"precision": ["fp32", "bf16-cache"]},
+                       firstAudioP95Ms=1200, maxWerDeltaPoints=1.0)
+    own = (await create_and_settle(cluster, spec))["status"]["configHash"]
+    running: list[set[str]] = []
+    found = await search_until(cluster, PICK, "Chosen", running)
+    print_table(found)
+    rows = {row["candidate"]: row for row in found["candidates"]}
+    assert list(rows) == list(PICK)  # the spec's own profile first
+    winner = rows["high-concurrency/precision=bf16-cache"]
+    assert found["winner"] == winner["candidate"] and winner["result"] == "Winner"
+    assert (winner["werPercent"], winner["werDeltaPoints"]) == (3.5, 0.5)
+    assert rows["high-concurrency/precision=fp32"]["result"] == "MissedSlo"
+    assert "first-audio p95 1500 > 1200 ms" in rows["high-concurrency/precision=fp32"]["reason"]
+    assert rows["default"]["result"] == "Lost"
+    assert "below the winner" in rows["default"]["reason"]
+    assert found["gpuMinutes"] == 3 * 2 * 60  # three candidates, a sweep and a WER Job each
+    # One candidate at a time, beside the configuration that serves.
+    assert max(len(hashes - {own}) for hashes in running) <= 1
+    # The winner serves, through the gate, and becomes the last good configuration.
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and
+        s["status"].get("configHash") == winner["configHash"] and
+        condition(s, "SLO").get("reason") == "Met" and s, message="the winner serves")
+    assert speech["status"]["profile"] == "high-concurrency/precision=bf16-cache"
+    await cluster.wait_for(
+        lambda: (d := children(cluster)["deployment"]) and
+        d["spec"]["template"]["metadata"]["annotations"][HASH_LABEL] == winner["configHash"],
+        message="the Deployment runs the winner")
+    await cluster.wait_for(
+        lambda: (c := cluster.api.get("configmap", f"{NAME}-deploy-config-lastgood")) and
+        c["data"]["config-hash"] == winner["configHash"], message="the winner passed the gate")
+    assert condition(cluster.api.get_speech(NAME), "PerfGate")["status"] == "True"
+    reasons = [e["reason"] for e in events(cluster)]
+    assert "ProfileSearchStarted" in reasons and "ProfileChosen" in reasons
+    assert_valid_status(cluster)
+    # Measured once: no candidate has a second Job of a kind.
+    assert all(not j["metadata"]["name"].endswith("-2") for j in jobs(cluster))
+
+
+async def test_a_restart_mid_search_repeats_no_finished_candidate(
+        cluster: Cluster, operator: Operator) -> None:
+    spec = search_spec(["high-concurrency"], {"precision": ["fp32", "bf16-cache"]},
+                       firstAudioP95Ms=1200)
+    await create_and_settle(cluster, spec)
+    running: list[set[str]] = []
+
+    def two_done() -> bool:
+        play_jobs(cluster, PICK, running)
+        rows = search_status(cluster).get("candidates") or []
+        return sum(r.get("state") == "Measured" for r in rows) >= 2
+
+    await cluster.wait_for(two_done, timeout=60, interval=0.3, message="two candidates measured")
+    before = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs(cluster)}
+    await operator.stop()
+    # The last candidate's Jobs end while no operator runs.
+    play_jobs(cluster, PICK, running)
+    await operator.start()
+    found = await search_until(cluster, PICK, "Chosen", running)
+    after = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs(cluster)}
+    assert {name: after.get(name) for name in before} == before  # nothing recreated
+    assert len(after) == 2 * len(PICK)  # one sweep and one WER Job per candidate, ever
+    assert found["winner"] == "high-concurrency/precision=bf16-cache"
+    assert_valid_status(cluster)
+
+
+async def test_an_unmeetable_slo_is_reported_with_the_closest_candidate(
+        cluster: Cluster, operator: Operator) -> None:
+    spec = search_spec(["high-concurrency", "low-latency"], firstAudioP95Ms=500)
+    own = (await create_and_settle(cluster, spec))["status"]["configHash"]
+    found = await search_until(cluster, UNMEETABLE, "NoCandidateMeetsSlo", [])
+    print_table(found)
+    assert found["closest"] == "high-concurrency" and "winner" not in found
+    assert "the closest is high-concurrency" in found["message"]
+    assert all(row["result"] == "MissedSlo" for row in found["candidates"])
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and
+        condition(s, "SLO").get("reason") == "NoCandidateMeetsSlo" and s)
+    assert condition(speech, "SLO")["status"] == "False"
+    assert speech["status"]["configHash"] == own  # the spec's own profile keeps serving
+    warning = await cluster.wait_for(lambda: next(
+        (e for e in events(cluster) if e["reason"] == "NoCandidateMeetsSlo"), None))
+    assert warning["type"] == "Warning" and "high-concurrency" in warning["message"]
+    assert_valid_status(cluster)
