@@ -4,6 +4,7 @@ restart mid-search, and an SLO no candidate meets."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -100,7 +101,6 @@ def play_jobs(cluster: Cluster, script: Mapping[str, tuple[float, float, float]]
 async def search_until(cluster: Cluster, script: Mapping[str, tuple[float, float, float]],
                        phase: str, running_hashes: list[set[str]]) -> dict[str, Any]:
     async def decided() -> dict[str, Any] | None:
-        import asyncio
         await asyncio.to_thread(play_jobs, cluster, script, running_hashes)
         found = search_status(cluster)
         return found if found.get("phase") == phase else None
