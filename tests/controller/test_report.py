@@ -10,7 +10,8 @@ def test_the_table_is_the_crds_printer_columns() -> None:
         "profile": "default", "phase": "Ready", "configHash": "abc",
         "replicas": 3, "readyReplicas": 2,
         "conditions": [{"type": "Progressing", "status": "False"},
-                       {"type": "Ready", "status": "True"}],
+                       {"type": "Ready", "status": "True"},
+                       {"type": "SLO", "status": "True", "reason": "Met"}],
         "perf": {"headline": {"audioThroughput": 24.5},
                  "quality": {"werPercent": 3.1, "sim": 0.72}}}}
     header, row = (line.split() for line in status_table(speech).splitlines())
@@ -19,7 +20,7 @@ def test_the_table_is_the_crds_printer_columns() -> None:
     assert dict(zip(header, row, strict=True)) == {
         "NAME": "speech", "PROFILE": "default", "PHASE": "Ready", "READY": "True",
         "REPLICAS": "3", "AVAILABLE": "2", "CONFIG": "abc", "AUDIO-S/S": "24.5", "WER": "3.1",
-        "SIM": "0.72"}
+        "SIM": "0.72", "SLO": "Met"}
 
 
 def test_a_resource_without_status_prints_its_name_only() -> None:
