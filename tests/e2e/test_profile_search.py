@@ -205,3 +205,25 @@ async def test_an_unmeetable_slo_is_reported_with_the_closest_candidate(
         (e for e in events(cluster) if e["reason"] == "NoCandidateMeetsSlo"), None))
     assert warning["type"] == "Warning" and "high-concurrency" in warning["message"]
     assert_valid_status(cluster)
+
+
+async def test_a_new_image_searches_again(cluster: Cluster, operator: Operator) -> None:
+    spec = search_spec(["high-concurrency"], {"precision": ["fp32", "bf16-cache"]},
+                       firstAudioP95Ms=1200)
+    await create_and_settle(cluster, spec)
+    first = await search_until(cluster, PICK, "Chosen", [])
+    old = {row["configHash"] for row in first["candidates"]}
+    cluster.api.patch_speech(NAME, {"spec": {"runtime": {
+        "image": "ghcr.io/minicpm-speech/runtime:0.2.0"}}})
+    searching = await cluster.wait_for(
+        lambda: (s := search_status(cluster)).get("phase") == "Searching" and s,
+        message="searching again")
+    assert old.isdisjoint(row["configHash"] for row in searching["candidates"])
+    # The spec's own profile on the new image serves until the new search decides.
+    assert (cluster.api.get_speech(NAME) or {})["status"]["configHash"] == \
+        searching["candidates"][0]["configHash"]
+    second = await search_until(cluster, PICK, "Chosen", [])
+    assert second["winner"] == first["winner"]
+    assert second["winnerConfigHash"] not in old
+    await cluster.wait_for(lambda: [e["reason"] for e in events(cluster)].count(
+        "ProfileSearchStarted") == 2, message="a second search was announced")
