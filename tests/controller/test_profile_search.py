@@ -8,12 +8,15 @@ import copy
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
+import yaml
 from minicpm_speech_contract.extras import PRECISIONS
 from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_operator.crd_schema import strict_json_schema, version_schema
 from minicpm_speech_operator.errors import InvalidSpec
-from minicpm_speech_operator.perf.jobs import KINDS
+from minicpm_speech_operator.manifests import build_children, owner_of
+from minicpm_speech_operator.perf.jobs import KINDS, build_job, build_job_configmap
 from minicpm_speech_operator.perf.plan import Observed, plan
 from minicpm_speech_operator.perf.results import Attempt, Result
 from minicpm_speech_operator.perf.search import (
@@ -25,9 +28,12 @@ from minicpm_speech_operator.perf.search import (
 )
 from minicpm_speech_operator.reconciler import search_events
 from minicpm_speech_operator.spec import SpeechSpec, parse_spec
+from minicpm_speech_perf.config import parse_quality, parse_sweep
 from minicpm_speech_perf.summarize import sweep_message
 
+from .builders import speech_body
 from .perf_builders import FINISHED, STARTED, arm, perf_raw, point, wer_text
+from .test_manifests import KUBERNETES_VERSION
 from .test_names_and_rules import server_refusals, with_spec
 
 SEARCH_SCHEMA = jsonschema.Draft4Validator(strict_json_schema(
@@ -166,6 +172,34 @@ def test_a_candidate_the_rules_refuse_is_listed_with_why_and_never_benchmarked()
     decided = checked(decide(spec, all_found, [], {}, all_found[0].config_hash))
     assert rows(decided)["default/microBatchSize=2"]["result"] == "Invalid"
     assert decided.create == ()
+
+
+def test_every_candidate_job_and_the_winner_are_valid_in_strict_mode() -> None:
+    raw = searching(("high-concurrency",), {"stage2MaxNumSeqs": [4, 16],
+                                            "precision": ["bf16-cache"]})
+    owner = owner_of(speech_body(raw))
+    spec, all_found = found(raw)
+    assert len(all_found) == 3
+    attempts: list[Attempt] = []
+    results: dict[str, Result] = {}
+    for candidate in all_found[1:]:
+        sweep, wer = decide(spec, all_found, attempts, results, all_found[0].config_hash).create
+        for request in (sweep, wer):
+            job = build_job(owner, request)
+            kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+            configmap = build_job_configmap(owner, request, "job-uid")
+            kubernetes_validate.validate(configmap, KUBERNETES_VERSION, strict=True)
+            config = yaml.safe_load(configmap["data"]["config.yaml"])
+            parsed = parse_sweep(config) if request.kind == "sweep" else parse_quality(
+                config).sweep
+            assert parsed.config_hash == candidate.config_hash
+            assert "token2wav_precision: bf16-cache" in configmap["data"]["candidate.yaml"]
+        more, read = finished(candidate.config_hash, 20.0, 900.0)
+        attempts, results = attempts + more, results | read
+    winner = all_found[1]
+    assert winner.spec is not None and winner.cfg is not None
+    for child in build_children(owner, winner.spec, winner.cfg):
+        kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
 
 
 # --- the decision ------------------------------------------------------------------------
