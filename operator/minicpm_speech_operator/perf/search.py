@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from ..errors import InvalidSpec
+from ..errors import InvalidSpec, capped
 from ..profiles import merge_overrides
 from ..serving_config import ServingConfig, profile_document, serving_config
 from ..slo import Slo, grid_override
@@ -220,7 +220,7 @@ def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Atte
                   r.candidate.config_hash == serving_hash, reference) for r in rows]
     status = compact({
         "phase": phase,
-        "message": _message(phase, rows, winner, closest, verdicts, slo, create),
+        "message": capped(_message(phase, rows, winner, closest, verdicts, slo, create)),
         "concurrency": slo.concurrency,
         "winner": winner.candidate.label if winner else None,
         "winnerConfigHash": winner.candidate.config_hash if winner else None,
@@ -282,7 +282,8 @@ def _row(row: Measured, slo: Slo, found: list[Miss] | None, winner: Measured | N
                   "sim": figures.sim,
                   "meetsSlo": not found}
     result, reason = _result(row, slo, found, winner, done, budget, serving)
-    return compact({**entry, "result": result, "reason": reason})
+    # Sixteen rows of a kilobyte each at most: the status stays far below an object's limit.
+    return compact({**entry, "result": result, "reason": capped(reason)})
 
 
 def _result(row: Measured, slo: Slo, found: list[Miss] | None, winner: Measured | None,
