@@ -264,6 +264,11 @@ def test_no_candidate_meeting_the_slo_names_the_closest_and_serves_nothing_new()
     condition = slo_condition(spec.slo, None, decided)
     assert condition is not None and condition.status is False
     assert condition.reason == "NoCandidateMeetsSlo"
+    # A looser SLO alone re-decides from the same results: the hashes did not change.
+    looser, again = found(searching(firstAudioP95Ms=700))
+    assert [c.config_hash for c in again] == [c.config_hash for c in all_found]
+    decided = checked(decide(looser, again, attempts, results, again[0].config_hash))
+    assert decided.create == () and decided.status["winner"] == "high-concurrency"
 
 
 def test_a_spent_budget_stops_the_search_and_the_rest_is_reported_unmeasured() -> None:
