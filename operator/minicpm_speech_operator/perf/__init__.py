@@ -9,7 +9,9 @@ as two Kubernetes Jobs running the `perf-jobs` program:
 - `gate` judges a candidate's numbers against its baseline's (the regression gate);
 - `lastgood` keeps the last configuration that passed the gate, for the next gate and for
   rollback;
-- `plan` is the one pure decision per reconcile that ties them together.
+- `plan` is the one pure decision per reconcile that ties them together;
+- `search` chooses among candidate profiles by spec.slo (spec.profile.search), with the same
+  Jobs, results and gate, and tells the reconciler which configuration `plan` should serve.
 
 All of it is pure functions over plain dicts; the reconciler does the reading and writing.
 """
