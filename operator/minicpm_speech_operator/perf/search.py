@@ -205,15 +205,7 @@ def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Atte
     reference = rows[0].figures.wer_percent if rows[0].figures else None
     verdicts = {r.candidate.config_hash: misses(slo, r.figures, reference)
                 for r in rows if r.figures is not None}
-    winner = closest = None
-    if done:
-        meeting = [r for r in rows
-                   if r.figures is not None and not verdicts[r.candidate.config_hash]]
-        winner = max(meeting, key=_throughput, default=None)
-        if winner is None:
-            closest = min((r for r in rows if r.figures is not None), default=None,
-                          key=lambda r: (sum(m.shortfall for m in verdicts[
-                              r.candidate.config_hash]), -_throughput(r)))
+    winner, closest = _choose(rows, verdicts) if done else (None, None)
     phase: Phase = "Searching" if not done else "Chosen" if winner else "NoCandidateMeetsSlo"
     budget = (spent, search.max_gpu_minutes)
     table = [_row(r, slo, verdicts.get(r.candidate.config_hash), winner, done, budget,
@@ -231,6 +223,19 @@ def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Atte
     })
     return SearchPlan(status, phase, tuple(create), frozenset(hashes),
                       winner.candidate if winner else None, notes)
+
+
+def _choose(rows: Sequence[Measured], verdicts: Mapping[str, list[Miss]],
+            ) -> tuple[Measured | None, Measured | None]:
+    """(the winner, None), or (None, the closest): the measured candidate whose misses add up
+    to the least, each as a fraction of its target."""
+    measured = [r for r in rows if r.figures is not None]
+    meeting = [r for r in measured if not verdicts[r.candidate.config_hash]]
+    if meeting:
+        return max(meeting, key=_throughput), None  # the first of equals: the earlier listed
+    closest = min(measured, default=None, key=lambda r: (
+        sum(m.shortfall for m in verdicts[r.candidate.config_hash]), -_throughput(r)))
+    return None, closest
 
 
 def _measure(spec: SpeechSpec, candidate: Candidate, attempts: Sequence[Attempt],
