@@ -147,3 +147,64 @@ def test_voices_the_engine_cannot_set_up_are_refused_before_any_step(setup) -> N
         pass
     assert reasons == {"ok": "done"}
     _baseline(eng)
+
+
+def test_a_stream_whose_audio_turns_non_finite_ends_alone_and_leaves_its_slot_clean(setup) -> None:  # type: ignore[no-untyped-def]
+    """A NaN in one stream's caches (as an overflow in a narrow precision would leave) ends
+    that stream with a counted reason; the others decode as if it never happened, and a new
+    stream that takes its slot starts clean."""
+    import torch
+
+    small, voices = setup
+
+    def run(poison: bool) -> tuple[dict, dict, Any]:  # type: ignore[type-arg]
+        eng = engine(small, max_streams=4)
+        decode = eng.runner.decode
+
+        def poisoning_decode(batch: Any) -> Any:
+            victim = eng.scheduler.streams.get("victim")
+            if poison and victim is not None and not eng.counters.chunks:
+                rows = slice(2 * victim.slot, 2 * victim.slot + 2)
+                eng.runner.estimator.k[:, :, rows] = float("nan")
+            return decode(batch)
+
+        eng.runner.decode = poisoning_decode  # type: ignore[method-assign]
+        for i in range(2):
+            eng.add_stream(f"ok{i}", voices[i])
+            eng.push_tokens(f"ok{i}", utterance(120 + 20 * i, i), last=True)
+        eng.add_stream("victim", voices[1])
+        eng.push_tokens("victim", utterance(90, 5), last=True)
+        got: dict[Any, list[np.ndarray]] = {}
+        reasons: dict[Any, str] = {}
+        for step in drain(eng, got, reasons):
+            if step == 3:
+                eng.add_stream("next", voices[0])
+                eng.push_tokens("next", utterance(40, 7), last=True)
+        return got, reasons, eng
+
+    with fixed_nsf_noise():
+        base, base_reasons, _ = run(poison=False)
+        got, reasons, eng = run(poison=True)
+    assert base_reasons["victim"] == "done"
+    assert reasons["victim"] == "non-finite: its decoded audio held NaN or Inf"
+    assert "victim" not in got  # no NaN reaches a listener
+    assert eng.counters.ended["non-finite"] == 1
+    for sid in ("ok0", "ok1", "next"):
+        assert reasons[sid] == "done"
+        assert all(np.isfinite(c).all() for c in got[sid]), sid
+        assert max_diff(base[sid], got[sid]) <= TOL, sid
+    assert not torch.isnan(eng.runner.estimator.k).any()  # the slot was cleared
+    _baseline(eng)
+
+
+def test_a_voice_holding_nan_is_refused_before_it_joins_a_setup(setup) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    small, voices = setup
+    eng = engine(small)
+    for name in ("prompt_mels", "spk_emb"):
+        bad = getattr(voices[0], name).clone()
+        bad.view(-1)[3] = float("inf") if name == "spk_emb" else float("nan")
+        with pytest.raises(ValueError, match=f"voice {name}: holds NaN or Inf"):
+            eng.add_stream(name, dataclasses.replace(voices[0], key=name, **{name: bad}))
+    _baseline(eng)

@@ -144,6 +144,11 @@ class BatchedEncoder:
         self._release[slot] = weakref.finalize(cache, self._free.append, slot)
         return cache
 
+    def scrub(self, cache: EncoderCache) -> None:
+        """Zero the stream's slot of the slab (see :meth:`Runner.scrub`)."""
+        self.att[cache.slot].zero_()
+        self.cnn[cache.slot].zero_()
+
     def release(self, cache: EncoderCache) -> None:
         fin = self._release.pop(cache.slot, None)
         if fin is not None:

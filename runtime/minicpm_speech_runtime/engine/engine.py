@@ -78,6 +78,10 @@ class Code2WavEngine:
                 f"voice prompt_mels: {frames} frames > max_prompt_frames "
                 f"({self.config.max_prompt_frames}); use a shorter reference or raise it"
             )
+        for name in ("prompt_mels", "spk_emb"):
+            # a packed setup solves a group's prompts in one row: a NaN would reach them all
+            if not bool(torch.isfinite(getattr(voice, name)).all()):
+                raise VoiceRefused(f"voice {name}: holds NaN or Inf; prepare the voice again")
         if tokens < MIN_PROMPT_TOKENS or frames != self.up_rate * tokens:
             # one token leaves the encoder a lookahead cache too short to continue from (the
             # reference fails there too); voice preparation never makes one (0.5 s at least)
@@ -195,6 +199,13 @@ class Code2WavEngine:
                 cancelled = s.stream_id in self.scheduler.cancelled
             if cancelled:
                 out.append(self._end(s, EndReason.CANCELLED))
+                continue
+            if not bool(torch.isfinite(wav).all()):
+                # Rows of a batch never mix, so only this stream's caches can hold the NaN:
+                # cleared before its slot is reused, where a masked key still meets 0 * NaN.
+                s.end_detail = "its decoded audio held NaN or Inf"
+                self.runner.scrub(s)
+                out.append(self._end(s, EndReason.NON_FINITE))
                 continue
             self.counters.audio_samples += wav.shape[0]
             out.append(ChunkOut(s.stream_id, wav, chunk.last, "done" if chunk.last else None))

@@ -162,6 +162,14 @@ class Runner:
         while (top := self._highest_slot()) >= fits:
             self._move(top, self.owner.index(None))
 
+    def scrub(self, s: StreamState) -> None:
+        """Zero the stream's estimator rows and encoder cache: a masked key or value is
+        multiplied by 0, and 0 * NaN would carry a failed stream's NaN into the next one."""
+        est, rows = self.estimator, slice(2 * s.slot, 2 * s.slot + 2)
+        for buf in (est.k, est.v, est.conv):
+            buf[:, :, rows].zero_()
+        self.encoder.scrub(self.streams[s.stream_id].encoder)
+
     def _highest_slot(self) -> int:
         return max((i for i, o in enumerate(self.owner) if o is not None), default=-1)
 

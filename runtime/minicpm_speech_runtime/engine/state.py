@@ -27,6 +27,7 @@ class EndReason(enum.StrEnum):
     IDLE_TIMEOUT = "idle-timeout"
     PROMPT_TOO_LONG = "prompt-too-long"
     FAULT = "fault"
+    NON_FINITE = "non-finite"  # its audio held NaN or Inf: the stream ends, the batch goes on
 
 
 @dataclass(slots=True)

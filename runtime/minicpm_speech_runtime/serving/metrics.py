@@ -114,7 +114,7 @@ ARRIVAL_OUTCOMES = ("taken", "expired", "bad_file", "failed")
 REFUSAL_REASONS = ("voice", "tokens")
 # How a Code2Wav stream ended: the engine's end reasons (serving/backend.py names them).
 STREAM_ENDS = ("done", "cancelled", "token-out-of-range", "empty", "idle-timeout",
-               "prompt-too-long", "fault", "other")
+               "prompt-too-long", "fault", "non-finite", "other")
 LEAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 FIRST_AUDIO_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 
