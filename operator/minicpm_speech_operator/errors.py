@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+
 # Every message that can quote a user's input (status, events, logs) fits in this many
 # characters; the API server would take far more, and one huge value must not flood them.
 MESSAGE_LIMIT = 1024
@@ -35,3 +37,13 @@ class InvalidSpec(ValueError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.field, self.message, self.fix))
+
+
+def refuse_repeats(field: str, values: Sequence[Hashable]) -> None:
+    """A list the CRD declares a set (``x-kubernetes-list-type: set``): the API server refuses
+    a repeated item, and so does the operator, wherever the manifest came from."""
+    seen: set[Hashable] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            raise InvalidSpec(f"{field}[{i}]", f"{value} is listed twice", "List each once")
+        seen.add(value)

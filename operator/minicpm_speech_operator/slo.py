@@ -16,7 +16,7 @@ from typing import Any
 
 from minicpm_speech_contract.extras import EXTRA_PATH, PRECISIONS
 
-from .errors import InvalidSpec
+from .errors import InvalidSpec, refuse_repeats
 
 # Each grid key of spec.profile.search.grid, and the profile override one of its values makes.
 GRID_KEYS = ("stage2MaxNumSeqs", "microBatchSize", "precision")
@@ -111,6 +111,9 @@ def check_slo(slo: Slo | None, concurrencies: tuple[int, ...]) -> None:
 def check_search(search: Search, slo: Slo | None, perf_enabled: bool, placement: str,
                  bundled: tuple[str, ...]) -> None:
     field = "spec.profile.search"
+    refuse_repeats(f"{field}.profiles", search.profiles)
+    for key, values in search.grid:
+        refuse_repeats(f"{field}.grid.{key}", values)
     for i, name in enumerate(search.profiles):
         if name not in bundled:
             raise InvalidSpec(f"{field}.profiles[{i}]", f"{name!r} is not a bundled profile",

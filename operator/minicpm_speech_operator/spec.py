@@ -12,7 +12,7 @@ from minicpm_speech_contract.bounded import BoundedInputError, check_parsed
 
 from .autoscaling import Autoscaling, check_autoscaling, parse_autoscaling
 from .crd_schema import spec_schema, validate_spec, with_defaults
-from .errors import InvalidSpec
+from .errors import InvalidSpec, refuse_repeats
 from .profiles import bundled_profile_names
 from .slo import Search, Slo, check_search, check_slo, parse_search, parse_slo
 
@@ -284,8 +284,8 @@ def check_perf(spec: SpeechSpec) -> None:
     long-accepted spec into a refused one, except for the volumes it then needs.
     """
     perf = spec.perf
-    _unique("spec.perf.concurrencies", perf.concurrencies)
-    _unique("spec.perf.gate.concurrencies", perf.gate.concurrencies)
+    refuse_repeats("spec.perf.concurrencies", perf.concurrencies)
+    refuse_repeats("spec.perf.gate.concurrencies", perf.gate.concurrencies)
     if perf.headline_concurrency not in perf.concurrencies:
         raise InvalidSpec(
             "spec.perf.headlineConcurrency",
@@ -326,10 +326,3 @@ def check_perf(spec: SpeechSpec) -> None:
             "Serve at least one replica, or use placement dedicated or maintenance",
         )
 
-
-def _unique(field: str, values: tuple[int, ...]) -> None:
-    seen: set[int] = set()
-    for i, value in enumerate(values):
-        if value in seen:
-            raise InvalidSpec(f"{field}[{i}]", f"{value} is listed twice", "List each once")
-        seen.add(value)

@@ -120,6 +120,40 @@ def test_bad_slo_or_search_is_refused_naming_the_field(raw: dict[str, Any], fiel
     assert len(refusals) == 1 and field.rpartition(".")[2] in refusals[0], refusals
 
 
+def odd(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    raw = searching()
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    (odd(("slo",), "fast"), "spec.slo"),
+    (odd(("slo", "concurrency"), "8"), "spec.slo.concurrency"),
+    (odd(("slo", "concurrency"), 3), "spec.slo.concurrency"),
+    (odd(("slo", "minSim"), 2), "spec.slo.minSim"),
+    (odd(("slo", "firstAudioP95Ms"), 0), "spec.slo.firstAudioP95Ms"),
+    (odd(("slo", "typo"), 1), "spec.slo.typo"),
+    (odd(("profile", "search", "profiles"), []), "spec.profile.search.profiles"),
+    (odd(("profile", "search", "grid"), {"microBatchSize": [0]}),
+     "spec.profile.search.grid.microBatchSize[0]"),
+    (odd(("profile", "search", "grid"), {"precision": [""]}),
+     "spec.profile.search.grid.precision[0]"),
+    (odd(("profile", "search", "grid"), {"stage2MaxNumSeqs": [4, 4]}),
+     "spec.profile.search.grid.stage2MaxNumSeqs[1]"),
+    (odd(("profile", "search", "profiles"), ["low-latency", "low-latency"]),
+     "spec.profile.search.profiles[1]"),
+    (odd(("profile", "search", "maxGpuMinutes"), 1e308), "spec.profile.search.maxGpuMinutes"),
+    (odd(("profile", "search", "maxCandidates"), 17), "spec.profile.search.maxCandidates"),
+])
+def test_odd_values_are_refused_naming_the_field(raw: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec(raw)
+    assert refused.value.field == field, refused.value
+
+
 @pytest.mark.parametrize(("raw", "field"), [
     (searching(profiles=("medium",)), "spec.profile.search.profiles[0]"),
     (searching(grid={"precision": ["fp8"]}), "spec.profile.search.grid.precision[0]"),
