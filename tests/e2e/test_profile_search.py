@@ -169,20 +169,26 @@ async def test_a_restart_mid_search_repeats_no_finished_candidate(
     running: list[set[str]] = []
 
     def two_done() -> bool:
-        play_jobs(cluster, PICK, running)
         rows = search_status(cluster).get("candidates") or []
-        return sum(r.get("state") == "Measured" for r in rows) >= 2
+        if sum(r.get("state") == "Measured" for r in rows) >= 2:
+            return True
+        play_jobs(cluster, PICK, running)
+        return False
 
     await cluster.wait_for(two_done, timeout=60, interval=0.3, message="two candidates measured")
+    last = search_status(cluster)["candidates"][-1]["configHash"]
+    await cluster.wait_for(lambda: {j["metadata"]["labels"][HASH_LABEL]
+                                    for j in active(cluster)} == {last},
+                           message="the last candidate's Jobs run")
     before = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs(cluster)}
+    assert len(before) == 2 * len(PICK)
     await operator.stop()
     # The last candidate's Jobs end while no operator runs.
-    play_jobs(cluster, PICK, running)
+    assert play_jobs(cluster, PICK, running) == 2
     await operator.start()
     found = await search_until(cluster, PICK, "Chosen", running)
     after = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs(cluster)}
-    assert {name: after.get(name) for name in before} == before  # nothing recreated
-    assert len(after) == 2 * len(PICK)  # one sweep and one WER Job per candidate, ever
+    assert after == before  # one sweep and one WER Job per candidate, ever: none recreated
     assert found["winner"] == "high-concurrency/precision=bf16-cache"
     assert_valid_status(cluster)
 
