@@ -357,6 +357,10 @@ def test_the_slo_condition_judges_the_measured_configuration() -> None:
     spec = parse_spec({**perf_raw(), "slo": {"firstAudioP95Ms": 1000,
                                              "minAudioSecondsPerSecond": 15}})
     assert slo_condition(None, None, None) is None
+    off = slo_condition(spec.slo, None, None)
+    assert off is not None and (off.status, off.reason) == (None, "NotMeasured")
+    failed = slo_condition(spec.slo, {"configHash": "abc", "phase": "Failed"}, None)
+    assert failed is not None and failed.message == "the benchmark of abc failed: nothing to judge"
     pending = slo_condition(spec.slo, {"configHash": "abc"}, None)
     assert pending is not None and (pending.status, pending.reason) == (None, "Pending")
     perf = {"configHash": "abc", "points": [

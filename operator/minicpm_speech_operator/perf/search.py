@@ -360,10 +360,15 @@ def slo_condition(slo: Slo | None, perf: Mapping[str, Any] | None,
         reason = "Searching" if search.phase == "Searching" else search.phase
         return Condition(SLO, None if search.phase == "Searching" else False, reason,
                          str(search.status.get("message", "")))
-    perf = perf or {}
+    if perf is None:
+        return Condition(SLO, None, "NotMeasured",
+                         "spec.perf.enabled is false: no benchmark measures the SLO")
+    if perf.get("phase") == "Failed":
+        return Condition(SLO, None, "NotMeasured",
+                         f"the benchmark of {perf.get('configHash')} failed: nothing to judge")
     if not perf.get("points") or not perf.get("quality"):
-        return Condition(SLO, None, "Pending", "waiting for the benchmark of "
-                         + str(perf.get("configHash") or "the serving configuration"))
+        return Condition(SLO, None, "Pending",
+                         f"waiting for the benchmark of {perf.get('configHash')}")
     figures = figures_of(perf["points"], perf["quality"], slo.concurrency)
     reference = figures.wer_percent
     if search is not None:
