@@ -233,3 +233,28 @@ async def test_a_new_image_searches_again(cluster: Cluster, operator: Operator) 
     assert second["winnerConfigHash"] not in old
     await cluster.wait_for(lambda: [e["reason"] for e in events(cluster)].count(
         "ProfileSearchStarted") == 2, message="a second search was announced")
+
+
+async def test_a_winner_the_gate_refuses_is_rolled_back_to_the_last_good(
+        cluster: Cluster, operator: Operator) -> None:
+    """The SLO allows the winner's WER; the regression gate, stricter here, does not."""
+    spec = search_spec(["high-concurrency"], {"precision": ["fp32", "bf16-cache"]},
+                       firstAudioP95Ms=1200)
+    spec["perf"] |= {"rollback": True, "gate": {"maxFirstAudioP95RisePercent": 50,
+                                                "maxWerIncreasePoints": 0.2}}
+    own = (await create_and_settle(cluster, spec))["status"]["configHash"]
+    found = await search_until(cluster, PICK, "Chosen", [])
+    winner = found["winnerConfigHash"]
+    speech = await cluster.wait_for(
+        lambda: (s := cluster.api.get_speech(NAME)) and
+        condition(s, "RolledBack").get("status") == "True" and s, message="rolled back")
+    assert speech["status"]["perf"]["rolledBack"] == {"fromHash": winner, "toHash": own}
+    assert speech["status"]["configHash"] == own  # the last good serves again
+    assert condition(speech, "QualityGate")["status"] == "False"
+    assert "WER +0.50 points" in condition(speech, "QualityGate")["message"]
+    assert search_status(cluster)["phase"] == "Chosen"  # the choice stands; the gate decides
+    await cluster.wait_for(
+        lambda: (d := children(cluster)["deployment"]) and
+        d["spec"]["template"]["metadata"]["annotations"][HASH_LABEL] == own,
+        message="the Deployment runs the last good configuration")
+    assert_valid_status(cluster)
