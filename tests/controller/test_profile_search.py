@@ -200,9 +200,11 @@ def test_a_candidate_equal_to_another_is_measured_once() -> None:
 
 
 def test_a_candidate_the_rules_refuse_is_listed_with_why_and_never_benchmarked() -> None:
-    spec, all_found = found(searching(("default",), {"microBatchSize": [2]}))
+    spec, all_found = found(searching(("default", "high-concurrency"), {"microBatchSize": [2]}))
     bad = all_found[1]
     assert bad.cfg is None and "micro_batch_size" in bad.problem
+    assert [c.label for c in all_found[1:] if c.cfg is None] == [
+        "default/microBatchSize=2", "high-concurrency/microBatchSize=2"]  # each listed
     decided = checked(decide(spec, all_found, [], {}, all_found[0].config_hash))
     assert rows(decided)["default/microBatchSize=2"]["result"] == "Invalid"
     assert decided.create == ()

@@ -56,23 +56,28 @@ def candidates(spec: SpeechSpec, own: ServingConfig) -> tuple[Candidate, ...]:
     seen = {own.config_hash}
     for name in search.profiles:
         for combination in search.combinations():
-            label = name + ("/" + ",".join(f"{key}={value}" for key, value in combination)
-                            if combination else "")
-            overrides = dict(spec.profile_overrides)
-            for key, value in combination:
-                overrides = merge_overrides(overrides, grid_override(key, value))
-            try:
-                chosen = parse_spec({**spec.raw, "profile": {"name": name},
-                                     "profileOverrides": overrides})
-                cfg = serving_config(chosen, profile_document(chosen, None))
-            except InvalidSpec as error:
-                found.append(Candidate(label, None, None, str(error)))
+            candidate = _candidate(spec, name, combination)
+            if candidate.cfg is not None and candidate.config_hash in seen:
                 continue
-            if cfg.config_hash in seen:
-                continue
-            seen.add(cfg.config_hash)
-            found.append(Candidate(label, chosen, replace(cfg, profile_label=label)))
+            seen.add(candidate.config_hash)
+            found.append(candidate)
     return tuple(found)
+
+
+def _candidate(spec: SpeechSpec, name: str, combination: tuple[tuple[str, Any], ...]
+               ) -> Candidate:
+    label = name + ("/" + ",".join(f"{key}={value}" for key, value in combination)
+                    if combination else "")
+    overrides = dict(spec.profile_overrides)
+    for key, value in combination:
+        overrides = merge_overrides(overrides, grid_override(key, value))
+    try:
+        chosen = parse_spec({**spec.raw, "profile": {"name": name},
+                             "profileOverrides": overrides})
+        cfg = serving_config(chosen, profile_document(chosen, None))
+    except InvalidSpec as error:
+        return Candidate(label, None, None, str(error))
+    return Candidate(label, chosen, replace(cfg, profile_label=label))
 
 
 @dataclass(frozen=True, slots=True)
