@@ -4,7 +4,11 @@ The pod contract with the serving image lives here: the image's ``minicpm-speech
 serve`` supervisor starts the MPS control daemon (when asked), then the exact
 ``vllm serve ... --omni`` command given after ``--``, runs the warm-up that precaptures
 every CUDA graph, and only then answers 200 on ``/readyz`` of the health port.
-``/livez`` answers 200 while the server process and MPS daemon are alive.
+``/livez`` answers 200 while the server process and MPS daemon are alive. A pod leaving
+service drains first: its preStop waits while its endpoint's removal spreads, then SIGTERM
+makes the supervisor refuse new streams and wait for those in flight, bounded by the longest
+stream the profile's Talker can produce (:mod:`minicpm_speech_contract.shutdown`), and the
+termination grace period is derived from those bounds.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+from minicpm_speech_contract import shutdown
 from minicpm_speech_contract.supervisor import (
     EXECUTABLE,
     SUBCOMMAND,
@@ -141,7 +147,7 @@ def build_deployment(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict
                     "labels": child_labels(owner, cfg),
                     "annotations": {CONFIG_HASH_KEY: cfg.config_hash},
                 },
-                "spec": _pod_spec(owner, spec),
+                "spec": _pod_spec(owner, spec, cfg),
             },
         },
     }
@@ -212,13 +218,27 @@ def _rollout_strategy(replicas: int) -> dict[str, Any]:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
-def _pod_spec(owner: Owner, spec: SpeechSpec) -> dict[str, Any]:
+def talker_max_model_len(cfg: ServingConfig) -> int:
+    """Stage 1's ``max_model_len`` in the rendered deploy config, else vLLM-Omni's base value:
+    the most speech codes, so the most audio, one stream can carry."""
+    document = yaml.safe_load(cfg.deploy_config)
+    stages = document.get("stages") if isinstance(document, dict) else None
+    for stage in stages if isinstance(stages, list) else []:
+        if isinstance(stage, dict) and stage.get("stage_id") == 1:
+            length = stage.get("max_model_len")
+            if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                return length
+    return shutdown.TALKER_MAX_MODEL_LEN
+
+
+def _pod_spec(owner: Owner, spec: SpeechSpec, cfg: ServingConfig) -> dict[str, Any]:
+    drain = shutdown.drain_seconds(talker_max_model_len(cfg))
+    args = supervisor_arguments(spec, drain_seconds=drain)
     return {
         "securityContext": pod_security_context(),
-        # Draining streams, then quitting the MPS daemon cleanly, takes a moment.
-        "terminationGracePeriodSeconds": 120,
+        "terminationGracePeriodSeconds": args.termination_grace_seconds(),
         "enableServiceLinks": False,
-        "containers": [_server_container(spec)],
+        "containers": [_server_container(spec, args)],
         "volumes": server_volumes(owner, spec),
         **gpu_placement(spec),
     }
@@ -259,14 +279,14 @@ def server_resources(spec: SpeechSpec, *, gpu: bool = True) -> dict[str, Any]:
     return resources
 
 
-def _server_container(spec: SpeechSpec) -> dict[str, Any]:
+def _server_container(spec: SpeechSpec, args: SupervisorArgs) -> dict[str, Any]:
     rt = spec.runtime
     return {
         "name": "server",
         "image": rt.image,
         "imagePullPolicy": rt.image_pull_policy,
         "command": [EXECUTABLE, SUBCOMMAND],
-        "args": [*supervisor_args(spec), "--", *vllm_serve_command(spec)],
+        "args": [*args.to_argv(), "--", *vllm_serve_command(spec)],
         "env": server_environment(spec),
         "ports": [
             {"name": "http", "containerPort": rt.port, "protocol": "TCP"},
@@ -279,11 +299,20 @@ def _server_container(spec: SpeechSpec) -> dict[str, Any]:
                                                   / STARTUP_PROBE_PERIOD_SECONDS)),
         "readinessProbe": _probe("/readyz", rt.health_port, period=5, failures=3),
         "livenessProbe": _probe("/livez", rt.health_port, period=10, failures=6),
+        # Deleting a pod removes its endpoint and sends SIGTERM at once, but kube-proxy and
+        # ingresses learn of the removal only a few seconds later; the supervisor refuses new
+        # streams from SIGTERM on, so without this wait the requests still routed here in
+        # those seconds would be refused (and retried) instead of served. `sleep` is the
+        # image's (Ubuntu); the preStop sleep action needs Kubernetes 1.30, the chart 1.29.
+        "lifecycle": {"preStop": {"exec": {
+            "command": ["sleep", str(shutdown.PRESTOP_SECONDS)]}}},
         "securityContext": container_security_context(),
     }
 
 
-def supervisor_args(spec: SpeechSpec) -> list[str]:
+def supervisor_arguments(
+    spec: SpeechSpec, *, drain_seconds: float = shutdown.DRAIN_SECONDS
+) -> SupervisorArgs:
     rt = spec.runtime
     return SupervisorArgs(
         health_port=rt.health_port,
@@ -291,7 +320,13 @@ def supervisor_args(spec: SpeechSpec) -> list[str]:
         mps=rt.mps_enabled,
         mps_active_thread_percentage=rt.mps_active_thread_percentage if rt.mps_enabled else None,
         precapture=rt.graph_precapture,
-    ).to_argv()
+        drain_seconds=drain_seconds,
+    )
+
+
+def supervisor_args(spec: SpeechSpec) -> list[str]:
+    """The options with the contract's default drain bound (the perf Job's server arm)."""
+    return supervisor_arguments(spec).to_argv()
 
 
 def model_target(spec: SpeechSpec) -> str:

@@ -5,6 +5,8 @@
 - :mod:`.supervisor`: the pod supervisor's command line, built by the operator and parsed by
   the pod.
 - :mod:`.termination`: the result a perf Job leaves in its termination message.
+- :mod:`.shutdown`: how long a serving pod may take to leave service: preStop, the drain bound
+  derived from the longest stream, the server's grace, and the termination grace period.
 - :mod:`.pod_metrics`: the serving pod's metrics an autoscaler reads, by name.
 - :mod:`.paths`: walking a key path through a parsed document.
 - :mod:`.bounded`: reading a user's YAML or JSON within limits on size, depth, nodes and

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import NoReturn
 
+from . import shutdown
+
 EXECUTABLE = "minicpm-speech-runtime"
 SUBCOMMAND = "serve"
-DEFAULT_GRACE_SECONDS = 25.0
+DEFAULT_GRACE_SECONDS = shutdown.SERVER_GRACE_SECONDS
+DEFAULT_DRAIN_SECONDS = shutdown.DRAIN_SECONDS
 DEFAULT_WARMUP_REQUESTS = 3
 DEFAULT_WARMUP_TIMEOUT_SECONDS = 1800.0
 
@@ -33,6 +36,7 @@ class SupervisorArgs:
     precapture: bool
     mps_active_thread_percentage: int | None = None
     grace_seconds: float = DEFAULT_GRACE_SECONDS
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
     warmup_requests: int = DEFAULT_WARMUP_REQUESTS
     warmup_timeout_seconds: float = DEFAULT_WARMUP_TIMEOUT_SECONDS
 
@@ -50,6 +54,12 @@ class SupervisorArgs:
             raise ArgsError(f"--mps-active-thread-percentage {pct} not in 1..100")
         if self.grace_seconds < 0 or self.warmup_requests < 0 or self.warmup_timeout_seconds <= 0:
             raise ArgsError("negative grace, warm-up count or timeout")
+        if self.drain_seconds < 0:
+            raise ArgsError(f"--drain-seconds {self.drain_seconds:g} is negative")
+
+    def termination_grace_seconds(self) -> int:
+        """The pod's ``terminationGracePeriodSeconds`` for this drain bound and grace."""
+        return shutdown.termination_grace_seconds(self.drain_seconds, self.grace_seconds)
 
     def to_argv(self) -> list[str]:
         """The options, without the executable, the subcommand or the server command; an
@@ -61,6 +71,7 @@ class SupervisorArgs:
         argv.append("--precapture" if self.precapture else "--no-precapture")
         for flag, value, default in (
             ("--grace-seconds", self.grace_seconds, DEFAULT_GRACE_SECONDS),
+            ("--drain-seconds", self.drain_seconds, DEFAULT_DRAIN_SECONDS),
             ("--warmup-requests", self.warmup_requests, DEFAULT_WARMUP_REQUESTS),
             ("--warmup-timeout-seconds", self.warmup_timeout_seconds,
              DEFAULT_WARMUP_TIMEOUT_SECONDS),
@@ -92,6 +103,7 @@ def _parser() -> _Parser:
     pre.add_argument("--precapture", dest="precapture", action="store_true")
     pre.add_argument("--no-precapture", dest="precapture", action="store_false")
     p.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE_SECONDS)
+    p.add_argument("--drain-seconds", type=float, default=DEFAULT_DRAIN_SECONDS)
     p.add_argument("--warmup-requests", type=int, default=DEFAULT_WARMUP_REQUESTS)
     p.add_argument("--warmup-timeout-seconds", type=float,
                    default=DEFAULT_WARMUP_TIMEOUT_SECONDS)
@@ -118,6 +130,7 @@ def parse(argv: Sequence[str]) -> tuple[SupervisorArgs, list[str]]:
         precapture=ns.precapture,
         mps_active_thread_percentage=ns.mps_active_thread_percentage,
         grace_seconds=ns.grace_seconds,
+        drain_seconds=ns.drain_seconds,
         warmup_requests=ns.warmup_requests,
         warmup_timeout_seconds=ns.warmup_timeout_seconds,
     ), command
@@ -138,13 +151,19 @@ class ServerCommand:
     served_model_name: str | None = None
 
 
+# The runtime's ASGI middleware in the API server: it counts the requests in flight, which the
+# supervisor's drain waits for, and refuses new ones once the drain began.
+DRAIN_MIDDLEWARE = "minicpm_speech_runtime.serving.drain.DrainMiddleware"
+
+
 def vllm_serve_argv(
     model: str, *, deploy_config: str, port: int, served_model_name: str,
     revision: str | None = None, host: str = "0.0.0.0",
 ) -> list[str]:
     """The server command the pod runs: vLLM-Omni's OpenAI server on all interfaces."""
     argv = ["vllm", "serve", model, "--omni", "--deploy-config", deploy_config,
-            "--host", host, "--port", str(port), "--served-model-name", served_model_name]
+            "--host", host, "--port", str(port), "--served-model-name", served_model_name,
+            "--middleware", DRAIN_MIDDLEWARE]
     if revision:
         argv += ["--revision", revision]
     return argv

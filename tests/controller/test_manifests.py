@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kubernetes_validate
 import pytest
+from minicpm_speech_contract import shutdown, supervisor
+from minicpm_speech_operator.assets import asset_dir
 from minicpm_speech_operator.manifests import (
     CONFIG_HASH_KEY,
     build_children,
@@ -41,6 +44,9 @@ SPECS = {
     "hub-token": {"model": {"huggingFace": {
         "repo": "openbmb/MiniCPM-o-4_5", "revision": "0" * 40,
         "tokenSecretRef": {"name": "hf"}}, "cache": {"claimName": "hub-cache"}}},
+    # Talker streams half as long as its context allows
+    "short-talker": {**speech_body()["spec"], "profileOverrides": {
+        "stages": [{"stage_id": 1, "max_model_len": 2048}]}},
 }
 
 
@@ -118,3 +124,45 @@ def test_profile_change_changes_the_hash_and_the_pod_template() -> None:
 
 def test_same_spec_same_bytes() -> None:
     assert render(SPECS["example"]) == render(SPECS["example"])
+
+
+def pod_shutdown(case: str) -> tuple[dict[str, Any], supervisor.SupervisorArgs, list[str]]:
+    """The pod spec, and its supervisor's options and server command as the pod parses them."""
+    children = render(SPECS[case])
+    pod = children["Deployment"]["spec"]["template"]["spec"]
+    args, server = supervisor.parse([SUBCOMMAND_SERVE, *container(children)["args"]])
+    return pod, args, server
+
+
+SUBCOMMAND_SERVE = supervisor.SUBCOMMAND
+
+
+@pytest.mark.parametrize("case", ["example", "claim-no-mps", "short-talker"])
+def test_the_grace_period_covers_the_prestop_the_drain_and_the_servers_stop(case: str) -> None:
+    pod, args, server = pod_shutdown(case)
+    (hook,) = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1:]
+    steps = float(hook) + args.drain_seconds + args.grace_seconds + shutdown.MPS_QUIT_SECONDS
+    assert pod["terminationGracePeriodSeconds"] >= steps
+    # The drain outlasts the longest stream the profile's Talker can produce, at real time.
+    talker = 2048 if case == "short-talker" else 4096
+    assert args.drain_seconds >= talker / shutdown.SPEECH_TOKENS_PER_SECOND
+    # The API server counts its requests, which is what the drain waits for.
+    assert server[server.index("--middleware") + 1] == supervisor.DRAIN_MIDDLEWARE
+
+
+def test_the_drain_follows_the_profiles_talker() -> None:
+    full, full_args, _ = pod_shutdown("example")
+    short, short_args, _ = pod_shutdown("short-talker")
+    assert full_args.drain_seconds == 2 * short_args.drain_seconds
+    assert full["terminationGracePeriodSeconds"] > short["terminationGracePeriodSeconds"]
+
+
+def test_no_profile_can_make_a_stream_outlast_the_default_drain() -> None:
+    """The profile schema caps the Talker's max_model_len at the length the contract's
+    default drain bound is derived from."""
+    schema = json.loads((asset_dir("profiles") / "schema.json").read_text())
+    caps = [rule["then"]["properties"]["max_model_len"]["maximum"]
+            for rule in schema["$defs"]["stage"]["allOf"]
+            if rule["if"]["properties"]["stage_id"] == {"const": 1}]
+    assert caps == [shutdown.TALKER_MAX_MODEL_LEN]
+    assert shutdown.drain_seconds(caps[0]) == supervisor.DEFAULT_DRAIN_SECONDS

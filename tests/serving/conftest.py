@@ -95,7 +95,8 @@ class Pod:
         else:
             own.append("--no-mps")
         own.append("--precapture" if precapture else "--no-precapture")
-        own += ["--grace-seconds", "3", *extra]
+        # a drain waits for the fake's recorded streams (FAKE_METRICS) no longer than this
+        own += ["--grace-seconds", "3", "--drain-seconds", "2", *extra]
         if command is None:
             command = ["vllm", "serve", str(model or self.model()), "--omni",
                        "--deploy-config", str(deploy or self.deploy_config(

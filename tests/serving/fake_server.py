@@ -10,6 +10,13 @@ that file exists (``FAKE_CRASH_STATUS`` sets the status); while ``FAKE_UNHEALTHY
 stage-2 plugin's control files (``FAKE_PLUGIN=failed`` a failed precapture) after
 ``FAKE_PLUGIN_DELAY``; ``FAKE_METRICS`` records runtime metrics in multiprocess mode;
 ``FAKE_CUDA`` runs a torch matmul on the GPU at start and per request.
+
+A chat request with ``"stream": true`` is answered as server-sent events:
+``FAKE_STREAM_CHUNKS`` chunks (default 5), one every ``FAKE_STREAM_INTERVAL`` seconds (default
+0.2), then ``data: [DONE]``. Every POST passes the runtime's own drain gate
+(:mod:`minicpm_speech_runtime.serving.drain`, what its middleware does in ``vllm serve``):
+counted while it runs, refused with 503 once the supervisor drains; ``FAKE_NO_DRAIN_GATE``
+leaves it out, as a server command without the middleware would.
 """
 
 from __future__ import annotations
@@ -42,6 +49,30 @@ def cuda_work() -> float:
     return float(b)
 
 
+_gate: object = None
+
+
+def drain_gate() -> object:
+    global _gate
+    if _gate is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+        from minicpm_speech_runtime.serving import drain
+
+        _gate = drain.process_gate()
+    return _gate
+
+
+class _NoGauge:
+    def set(self, value: float) -> None:
+        pass
+
+    def inc(self) -> None:
+        pass
+
+    def dec(self) -> None:
+        pass
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
@@ -53,8 +84,43 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {})
 
     def do_POST(self) -> None:
+        from minicpm_speech_runtime.serving import drain
+
+        ungated = drain.Gate(None, _NoGauge())
+        gate = ungated if os.environ.get("FAKE_NO_DRAIN_GATE") else drain_gate()
+        assert isinstance(gate, drain.Gate)
         length = int(self.headers.get("Content-Length", "0"))
         body = json.loads(self.rfile.read(length))
+        if not gate.admit():
+            event("refused", id=body.get("id"))
+            self.send_response(503)
+            for name, value in drain.refusal_headers():
+                self.send_header(name.decode(), value.decode())
+            self.end_headers()
+            self.wfile.write(drain.refusal_body())
+            return
+        try:
+            if body.get("stream"):
+                self._stream(body)
+            else:
+                self._chat(body)
+        finally:
+            gate.release()
+
+    def _stream(self, body: dict[str, object]) -> None:
+        event("stream_start", id=body.get("id"))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(int(os.environ.get("FAKE_STREAM_CHUNKS", "5"))):
+            self.wfile.write(f"data: {json.dumps({'chunk': i})}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(float(os.environ.get("FAKE_STREAM_INTERVAL", "0.2")))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        event("stream_end", id=body.get("id"))
+
+    def _chat(self, body: dict[str, object]) -> None:
         time.sleep(float(os.environ.get("FAKE_CHAT_DELAY", "0")))
         if os.environ.get("FAKE_CUDA"):
             cuda_work()

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from minicpm_speech_contract import extras as extras_contract
 from minicpm_speech_contract.extras import EXTRA_PATH
+from minicpm_speech_contract.shutdown import TALKER_MAX_MODEL_LEN
 
 from .validation import ProfileError, _get, _PathStep, _render_path, _StageRef
 
@@ -15,7 +16,7 @@ GIB = 1 << 30
 # Talker (stage 1) values of vLLM-Omni 0.30.0's minicpmo_4_5.yaml, used where an overlay
 # leaves them unset.
 _BASE_TALKER_MAX_NUM_SEQS = 4
-_BASE_TALKER_MAX_MODEL_LEN = 4096
+_BASE_TALKER_MAX_MODEL_LEN = TALKER_MAX_MODEL_LEN
 _BASE_TALKER_KV_BYTES = 2 * GIB
 # KV bytes per Talker token that every stream of max_model_len tokens must get: the
 # published setting holds 8 streams of 4096 tokens in 2 GiB. The Talker cannot be

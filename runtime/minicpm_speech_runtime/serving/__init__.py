@@ -9,6 +9,8 @@
 * :mod:`.plugin` is the ``vllm_omni.general_plugins`` entry point; :mod:`.backend` is the
   Code2Wav backend it puts behind vLLM-Omni's stage 2.
 * :mod:`.control` is the file protocol between the supervisor and the stage-2 process.
+* :mod:`.drain` is a pod's leaving service: the API server's middleware that counts requests
+  and refuses new ones while draining, and what the supervisor's drain waits for.
 
 Nothing here imports torch or vLLM-Omni at module level except :mod:`.backend`.
 """

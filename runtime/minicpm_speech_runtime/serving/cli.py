@@ -10,11 +10,21 @@ arguments, 1 otherwise, with nothing started); the health server; the MPS contro
 ``PROMETHEUS_MULTIPROC_DIR``, ``MINICPM_SPEECH_CONTROL_DIR`` and
 ``MINICPM_SPEECH_DEPLOY_CONFIG`` set; the warm-up (:mod:`.warmup`), after which ``/readyz``
 answers 200; from then on the server's ``/health`` is checked, and a server that stays
-unhealthy (a dead stage) is stopped. SIGTERM/SIGINT go to the server's process group; after
+unhealthy (a dead stage) is stopped.
+
+SIGTERM/SIGINT, once the pod has been ready, first drain it (:mod:`.drain`): ``/readyz``
+answers 503 ``draining`` at once, so the Service stops routing here; ``draining.json`` in the
+control directory makes the API server refuse new requests with 503 and ``Retry-After``; the
+supervisor waits until no request is in flight and no Code2Wav stream decodes or waits, for at
+most ``--drain-seconds``. A second signal, or the deadline, ends the drain early, and the log
+says what it left. Then the signal goes to the server's process group; after
 ``--grace-seconds`` the group is killed. Whatever ends the server, the MPS daemon is sent
-``quit`` and waited for. The exit status is the server's (128 + signal when a signal ended
-it), and never 0 unless a signal asked for the stop: 1 when the warm-up failed or the server
-stayed unhealthy while it still ran, or when it exited on its own with 0.
+``quit`` and waited for. The pod's termination grace period covers all of it
+(:mod:`minicpm_speech_contract.shutdown`).
+
+The exit status is the server's (128 + signal when a signal ended it), and never 0 unless a
+signal asked for the stop: 1 when the warm-up failed or the server stayed unhealthy while it
+still ran, or when it exited on its own with 0.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from . import control
+from . import control, drain
 from .config import StartupError, SupervisorConfig, parse_args, validate
 from .health import HealthServer, HealthState
 from .mps import MpsDaemon, MpsError, become_subreaper, reap_adopted_orphans
@@ -49,6 +59,9 @@ HEALTH_POLL_S = 2.0
 HEALTH_TIMEOUT_S = 10.0
 UNHEALTHY_FOR_S = 10.0
 UNHEALTHY_CHECKS = 3
+# How often a drain looks at what is left: reading the server's metric files is cheap.
+DRAIN_POLL_S = 0.25
+DRAINED = "drained"
 
 
 def _fail(reason: str, code: int) -> int:
@@ -63,6 +76,11 @@ class Supervisor:
         self.state = HealthState()
         self.stop_event = threading.Event()
         self.stop_signal: int | None = None
+        self.hurry = threading.Event()  # a second signal: stop draining
+        self.served = False  # ready once: clients may have streams here
+        # The warm-up and health threads change readiness only while no stop has begun, and
+        # a drain's "draining" is never overwritten by an answer that came a moment late.
+        self._readiness = threading.Lock()
         self.warmup_error: str | None = None
         self.unhealthy: str | None = None
         self.server: subprocess.Popen[bytes] | None = None
@@ -85,6 +103,8 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
+        else:
+            self.hurry.set()
         self.stop_event.set()
 
     def child_env(self, control_dir: Path, metrics_dir: Path) -> dict[str, str]:
@@ -146,9 +166,9 @@ class Supervisor:
         log.info("server started (pid %d): %s", self.server.pid, " ".join(cfg.server.argv))
         warm = threading.Thread(target=self._warmup, args=(control_dir,), daemon=True)
         warm.start()
-        return self._supervise()
+        return self._supervise(control_dir, metrics_dir)
 
-    def _supervise(self) -> int:
+    def _supervise(self, control_dir: Path, metrics_dir: Path) -> int:
         assert self.server is not None
         server, grace = self.server, self.config.grace_seconds
         mps_checked = time.monotonic()
@@ -158,6 +178,10 @@ class Supervisor:
             if self.mps is not None and time.monotonic() - mps_checked > 5.0:
                 mps_checked = time.monotonic()
                 self.state.metrics.mps_up.set(1 if self.mps.alive() else 0)
+        with self._readiness:
+            served = self.served
+        if self.stop_signal is not None and served and server.poll() is None:
+            self._drain(control_dir, metrics_dir)
         self.state.set_ready(False, "stopping")
         if server.poll() is None:
             sig = self.stop_signal or signal.SIGTERM
@@ -192,6 +216,54 @@ class Supervisor:
         if status:
             print(f"{PROG}: server exited with status {status}", file=sys.stderr, flush=True)
         return status
+
+    def _set_ready(self, ready: bool, phase: str) -> bool:
+        """Readiness from the warm-up or the health watch; False once a stop has begun."""
+        with self._readiness:
+            if self.stop_event.is_set():
+                return False
+            self.state.set_ready(ready, phase)
+            return True
+
+    def _drain(self, control_dir: Path, metrics_dir: Path) -> None:
+        """Take no new streams and wait for those in flight, within ``--drain-seconds``."""
+        began, bound = time.monotonic(), self.config.drain_seconds
+        with self._readiness:
+            self.state.set_ready(False, "draining")
+        self.state.metrics.draining.set(1)
+        control.write_json(control_dir, control.DRAIN_FILE,
+                           {"since": time.time(), "deadline_seconds": bound})
+        left = drain.load(metrics_dir)
+        log.info("draining: new requests are refused; waiting up to %g s for %s", bound, left)
+        while (why := self._drain_ends(left, began)) is None:
+            self.hurry.wait(DRAIN_POLL_S)
+            left = drain.load(metrics_dir)
+        took = time.monotonic() - began
+        if why == DRAINED:
+            log.info("drained in %.1f s", took)
+        elif left.requests is None:
+            log.warning("draining: the server does not count its requests (its command lacks "
+                        "the drain middleware); stopping it with %s", left)
+        else:
+            log.warning("drain ended by %s after %.1f s, leaving %s", why, took, left)
+            self.state.metrics.drain_abandoned.set(
+                max(left.requests, left.active + left.waiting))
+        self.state.metrics.draining.set(0)
+
+    def _drain_ends(self, left: drain.Load, began: float) -> str | None:
+        """Why the drain ends now, or None while it waits on."""
+        assert self.server is not None
+        if left.idle:
+            return DRAINED
+        if left.requests is None:
+            return "an uncounted server"
+        if self.server.poll() is not None:
+            return "the server's exit"
+        if self.hurry.is_set():
+            return "a second signal"
+        if time.monotonic() - began >= self.config.drain_seconds:
+            return "its deadline"
+        return None
 
     def _signal_group(self, sig: int) -> None:
         if self.server is None:
@@ -235,7 +307,10 @@ class Supervisor:
             self.stop_event.set()
             return
         self.state.metrics.warmup_seconds.set(time.monotonic() - self.started_at)
-        self.state.set_ready(True, "ready")
+        with self._readiness:
+            self.served = True
+        if not self._set_ready(True, "ready"):
+            return
         log.info("ready after %.1f s", time.monotonic() - self.started_at)
         self._watch_health(f"{base}/health", keep_going)
 
@@ -245,9 +320,8 @@ class Supervisor:
         while not self.stop_event.wait(HEALTH_POLL_S) and keep_going():
             code = http_status(url, timeout=HEALTH_TIMEOUT_S)
             if code == 200:
-                if failing_since is not None:
+                if failing_since is not None and self._set_ready(True, "ready"):
                     log.info("server /health answers 200 again")
-                    self.state.set_ready(True, "ready")
                 failing_since, failures = None, 0
                 continue
             answer = f"answered {code}" if code else "did not answer"
@@ -255,7 +329,7 @@ class Supervisor:
                 failing_since = time.monotonic()
                 log.warning("server /health %s: not ready", answer)
             failures += 1
-            self.state.set_ready(False, f"server /health {answer}")
+            self._set_ready(False, f"server /health {answer}")
             if failures >= UNHEALTHY_CHECKS and time.monotonic() - failing_since >= UNHEALTHY_FOR_S:
                 if not keep_going():
                     return
@@ -272,7 +346,8 @@ options of serve (before the --):
   --mps | --no-mps                   start NVIDIA MPS before the server (one is required)
   --mps-active-thread-percentage N   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the daemon
   --precapture | --no-precapture     capture every CUDA graph in the warm-up (one is required)
-  --grace-seconds S                  after SIGTERM, how long the server may take to stop
+  --drain-seconds S                  after SIGTERM, how long the pod waits for its streams
+  --grace-seconds S                  then how long the server may take to stop
   --warmup-requests N                requests the warm-up sends
   --warmup-timeout-seconds S         how long the warm-up may take
   -h, --help                         show this help and exit

@@ -71,6 +71,7 @@ class SupervisorConfig:
     mps_active_thread_percentage: int | None
     precapture: bool
     grace_seconds: float
+    drain_seconds: float
     warmup_requests: int
     warmup_timeout_seconds: float
     server: ServerCommand

@@ -4,7 +4,10 @@ The supervisor owns a run directory (``$MINICPM_SPEECH_RUN_DIR``, else
 ``<tempdir>/minicpm-speech``; ``/tmp`` is an emptyDir in the pod) and empties it at start:
 
 * ``metrics/`` is ``PROMETHEUS_MULTIPROC_DIR`` of every server process (see :mod:`.metrics`);
-* ``control/`` is ``MINICPM_SPEECH_CONTROL_DIR``, where the plugin writes two JSON files:
+* ``control/`` is ``MINICPM_SPEECH_CONTROL_DIR``, where the supervisor writes
+  ``draining.json`` when a drain begins (``{"since": ..., "deadline_seconds": ...}``; while it
+  exists the API server refuses new streams, :mod:`.drain`), and the plugin writes two JSON
+  files:
 
   - ``plugin.json`` when the batched runtime is wired into stage 2
     (``{"pid": ..., "options": {...}}``);
@@ -12,8 +15,8 @@ The supervisor owns a run directory (``$MINICPM_SPEECH_RUN_DIR``, else
     (``{"state": "done" | "failed" | "skipped", "reason": ..., "seconds": ...,
     "graphs": ...}``).
 
-Both are written atomically (temporary file + rename), so a reader sees a whole document or
-none, and the supervisor removes both once the server has exited. The supervisor also exports
+Each is written atomically (temporary file + rename), so a reader sees a whole document or
+none, and the supervisor removes them once the server has exited. The supervisor also exports
 ``MINICPM_SPEECH_DEPLOY_CONFIG`` (the ``--deploy-config`` of the server command), which the
 plugin reads to decide, in every process, whether it is on.
 """
@@ -34,6 +37,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 PLUGIN_FILE = "plugin.json"
 PRECAPTURE_FILE = "precapture.json"
+DRAIN_FILE = "draining.json"
 
 
 def default_run_dir() -> Path:
@@ -63,8 +67,8 @@ def write_json(directory: Path, name: str, document: dict[str, Any]) -> Path:
 
 
 def withdraw(directory: Path) -> None:
-    """Remove what the stage-2 process wrote, once that process is gone."""
-    for name in (PLUGIN_FILE, PRECAPTURE_FILE):
+    """Remove what described the server, once it is gone."""
+    for name in (PLUGIN_FILE, PRECAPTURE_FILE, DRAIN_FILE):
         (directory / name).unlink(missing_ok=True)
 
 

@@ -58,7 +58,14 @@ Names (all prefixed ``minicpm_speech_``):
                                                            ``bad_file``, ``failed``
 ``reference_arrival_to_prepared_seconds``       histogram  request arrival to its voice prepared
 ``reference_arrival_to_first_window_seconds``   histogram  request arrival to stage 2's chunk 0
+``requests_in_flight``                          gauge    requests in the API server, arrival
+                                                           to last byte (livesum; :mod:`.drain`)
 =============================================  =========  ====================================
+
+The supervisor's own, in its own registry (:class:`SupervisorMetrics`): ``ready``,
+``server_up``, ``mps_daemon_up``, ``warmup_duration_seconds``, ``warmup_requests_total``,
+``draining`` (1 from SIGTERM until the drain ends) and ``drain_abandoned_requests`` (what the
+last drain left in flight when its deadline or a second signal ended it; 0 when it ran dry).
 
 ``kind`` of the graph families is ``decode``, ``setup``, ``hift`` or ``hift_tail`` (a stream's
 last chunk); the batched engine counts
@@ -373,3 +380,9 @@ class SupervisorMetrics:
         )
         for result in ("ok", "error"):
             self.warmup_requests.labels(result)
+        self.draining = Gauge(f"{p}_draining", "1 while the pod drains its streams", **kw)
+        self.drain_abandoned = Gauge(
+            f"{p}_drain_abandoned_requests",
+            "Requests the drain left in flight when its deadline or a second signal ended it",
+            **kw,
+        )

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from minicpm_speech_contract.shutdown import MPS_QUIT_SECONDS
+
 log = logging.getLogger(__name__)
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -91,7 +93,7 @@ class MpsDaemon:
         log_dir: Path,
         active_thread_percentage: int | None = None,
         start_timeout: float = 30.0,
-        quit_timeout: float = 20.0,
+        quit_timeout: float = MPS_QUIT_SECONDS,
     ) -> None:
         self.exe = exe
         self.pipe_dir, self.log_dir = pipe_dir, log_dir
