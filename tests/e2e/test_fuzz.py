@@ -97,6 +97,8 @@ SPEC_PATHS = st.sampled_from([
     ("profileOverrides", *EXTRA, "micro_batch_size"),
     ("profileOverrides", *EXTRA, "setup_graph_batch_sizes"),
     ("profileOverrides", "stages"), ("unknownField",),
+    ("slo",), ("slo", "firstAudioP95Ms"), ("profile", "search"),
+    ("profile", "search", "grid"), ("profile", "search", "profiles"),
 ])
 
 
