@@ -206,7 +206,7 @@ class Reconciler:
                 events.append(("Normal", "BenchmarkStarted",
                                f"Job {name} created ({request.kind} of {request.config_hash},"
                                f" attempt {request.attempt})"))
-        for request in perf.running:
+        for request in perf.running + (search.running if search is not None else ()):
             live = await self._api.get("Job", owner.namespace, job_name(
                 owner, request.kind, request.config_hash, request.attempt))
             if live is not None:

@@ -252,6 +252,9 @@ def test_candidates_are_benchmarked_one_at_a_time_beside_what_serves() -> None:
                for k in KINDS]
     decided = checked(decide(spec, all_found, running, {}, own))
     assert decided.create == () and decided.phase == "Searching"
+    # a running candidate's Job config is made sure of, as the plan does for its own
+    assert [(r.kind, r.attempt, r.config_hash) for r in decided.running] == [
+        (k, 1, all_found[1].config_hash) for k in KINDS]
     assert "benchmarking high-concurrency" in decided.status["message"]
     assert decided.protected == frozenset(c.config_hash for c in all_found)
 

@@ -182,6 +182,11 @@ async def test_a_restart_mid_search_repeats_no_finished_candidate(
                            message="the last candidate's Jobs run")
     before = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs(cluster)}
     assert len(before) == 2 * len(PICK)
+    # A running candidate's config, lost, is written again: its pod cannot start without it.
+    config = f"{NAME}-sweep-{last}"
+    assert cluster.api.delete("configmap", config)
+    await cluster.wait_for(lambda: cluster.api.get("configmap", config),
+                           message="the running candidate's config is back")
     await operator.stop()
     # The last candidate's Jobs end while no operator runs.
     assert play_jobs(cluster, PICK, running) == 2

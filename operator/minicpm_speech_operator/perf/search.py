@@ -181,6 +181,7 @@ class SearchPlan:
     status: Mapping[str, Any]  # status.profileSearch
     phase: Phase
     create: tuple[JobRequest, ...] = ()
+    running: tuple[JobRequest, ...] = ()  # active Jobs of candidates: their config must exist
     protected: frozenset[str] = frozenset()  # config hashes whose Jobs the search still needs
     winner: Candidate | None = None
     retry_notes: Mapping[str, str] | None = None  # by config hash and kind: why it is retried
@@ -226,7 +227,10 @@ def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Atte
         "maxGpuMinutes": search.max_gpu_minutes,
         "candidates": table,
     })
-    return SearchPlan(status, phase, tuple(create), frozenset(hashes),
+    running_jobs = tuple(JobRequest(kind, state.attempt, _arm(r.candidate))
+                         for r in rows if r.candidate.config_hash != serving_hash
+                         for kind, state in r.kinds.items() if state.state == "Running")
+    return SearchPlan(status, phase, tuple(create), running_jobs, frozenset(hashes),
                       winner.candidate if winner else None, notes)
 
 
@@ -260,10 +264,14 @@ def _measure(spec: SpeechSpec, candidate: Candidate, attempts: Sequence[Attempt]
     return Measured(candidate, "Running" if "Running" in states else "Waiting", kinds)
 
 
+def _arm(candidate: Candidate) -> Arm:
+    assert candidate.spec is not None and candidate.cfg is not None
+    return Arm(candidate.spec, candidate.cfg)
+
+
 def _requests(row: Measured, notes: dict[str, str]) -> list[JobRequest]:
     candidate = row.candidate
-    assert candidate.spec is not None and candidate.cfg is not None
-    arm = Arm(candidate.spec, candidate.cfg)
+    arm = _arm(candidate)
     requests = []
     for kind, state in row.kinds.items():
         if state.next_attempt is None:
