@@ -79,15 +79,15 @@ def parse_slo(raw: Mapping[str, Any] | None) -> Slo | None:
     )
 
 
-def parse_search(raw: Mapping[str, Any] | None) -> Search:
-    raw = raw or {}
+def parse_search(raw: Mapping[str, Any]) -> Search:
+    """From the defaulted spec: the CRD holds every default."""
     grid = raw.get("grid") or {}
     return Search(
-        enabled=bool(raw.get("enabled", False)),
-        profiles=tuple(raw.get("profiles", ())),
+        enabled=raw["enabled"],
+        profiles=tuple(raw["profiles"]),
         grid=tuple((key, tuple(grid[key])) for key in GRID_KEYS if grid.get(key)),
-        max_candidates=raw.get("maxCandidates", 8),
-        max_gpu_minutes=raw.get("maxGpuMinutes", 1440),
+        max_candidates=raw["maxCandidates"],
+        max_gpu_minutes=raw["maxGpuMinutes"],
     )
 
 

@@ -224,7 +224,7 @@ def _profile(profile: Mapping[str, Any]) -> ProfileRef:
         name=profile.get("name"),
         configmap_name=ref["name"] if ref else None,
         configmap_key=ref["key"] if ref else "profile.yaml",
-        search=parse_search(profile.get("search")),
+        search=parse_search(profile["search"]),
     )
 
 

@@ -27,6 +27,7 @@ from minicpm_speech_operator.perf.search import (
     slo_condition,
 )
 from minicpm_speech_operator.reconciler import search_events
+from minicpm_speech_operator.slo import GRID_KEYS, grid_override
 from minicpm_speech_operator.spec import SpeechSpec, parse_spec
 from minicpm_speech_perf.config import parse_quality, parse_sweep
 from minicpm_speech_perf.summarize import sweep_message
@@ -177,6 +178,21 @@ def test_what_only_the_operator_knows_is_refused_with_the_choices(raw: dict[str,
 def test_good_slo_and_search_are_accepted(raw: dict[str, Any]) -> None:
     parse_spec(raw)
     assert server_refusals(with_spec(raw)) == []
+
+
+def test_the_crd_offers_the_grid_keys_the_operator_knows() -> None:
+    search = version_schema()["properties"]["spec"]["properties"]["profile"]["properties"][
+        "search"]
+    assert tuple(search["properties"]["grid"]["properties"]) == GRID_KEYS
+    for key in GRID_KEYS:
+        assert grid_override(key, 1)  # each key has the override it makes
+
+
+def test_without_a_search_block_the_search_is_off_with_the_crd_defaults() -> None:
+    search = parse_spec(perf_raw()).profile.search
+    assert not search.enabled and search.profiles == ("default", "high-concurrency",
+                                                      "low-latency")
+    assert (search.max_candidates, search.max_gpu_minutes) == (8, 1440)
 
 
 # --- the candidates ----------------------------------------------------------------------
