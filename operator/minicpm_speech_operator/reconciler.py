@@ -170,13 +170,14 @@ class Reconciler:
             for attempt in (a for h in hashes for a in to_read(attempts, h)):
                 pods = await self._api.list("Pod", ns, f"job-name={attempt.name}")
                 results[attempt.name] = read_result(attempt, newest_pod(pods))
-            if searching:
-                search = decide(spec, found, attempts, results, cfg.config_hash)
-                if search.winner is not None and search.winner.spec and search.winner.cfg:
-                    chosen = (search.winner.spec, search.winner.cfg)
             record = await self._api.get("ConfigMap", ns, lastgood_name(owner))
             if record is not None and is_controlled_by(record, owner.uid):
                 last_good = lastgood_from_configmap(record)
+            if searching:
+                search = decide(spec, found, attempts, results,
+                                last_good.config_hash if last_good else None)
+                if search.serve is not None and search.serve.spec and search.serve.cfg:
+                    chosen = (search.serve.spec, search.serve.cfg)
             if spec.perf.placement == "live":
                 deployment = await self._api.get("Deployment", ns, owner.name)
                 ready = _serves(deployment, cfg.config_hash, wanted_replicas(spec, deployment))

@@ -355,6 +355,19 @@ def test_a_failed_candidate_is_retried_then_reported_and_never_wins() -> None:
     assert decided.create[0].config_hash == all_found[2].config_hash
 
 
+def test_until_a_winner_the_measured_last_good_serves_else_the_spec_own() -> None:
+    spec, all_found = found(searching())
+    attempts, results = measured({"default": (20.0, 900.0), "high-concurrency": (26.0, 1000.0)},
+                                 all_found)
+    last_good = all_found[1].config_hash
+    decided = decide(spec, all_found, attempts, results, last_good)
+    assert decided.phase == "Searching" and decided.serve is all_found[1]
+    assert [r.config_hash for r in decided.create] == [all_found[2].config_hash] * 2
+    # a last good that is no candidate (an older image), or not measured: the spec's own
+    assert decide(spec, all_found, attempts, results, "0ld1mage0000").serve is all_found[0]
+    assert decide(spec, all_found, [], {}, last_good).serve is all_found[0]
+
+
 # --- what serves, and what status says ---------------------------------------------------
 
 def test_jobs_the_search_still_needs_are_never_superseded_or_pruned() -> None:

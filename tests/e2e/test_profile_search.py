@@ -263,3 +263,39 @@ async def test_a_winner_the_gate_refuses_is_rolled_back_to_the_last_good(
         d["spec"]["template"]["metadata"]["annotations"][HASH_LABEL] == own,
         message="the Deployment runs the last good configuration")
     assert_valid_status(cluster)
+
+
+async def test_a_candidate_added_later_is_measured_while_the_winner_keeps_serving(
+        cluster: Cluster, operator: Operator) -> None:
+    script = {"default": (20.0, 900.0, 3.0), "high-concurrency": (26.0, 1000.0, 3.5),
+              "low-latency": (28.0, 1100.0, 3.0)}
+    spec = search_spec(["high-concurrency"], firstAudioP95Ms=1200)
+    await create_and_settle(cluster, spec)
+    first = await search_until(cluster, script, "Chosen", [])
+    winner = first["winnerConfigHash"]
+    await cluster.wait_for(
+        lambda: (c := cluster.api.get("configmap", f"{NAME}-deploy-config-lastgood")) and
+        c["data"]["config-hash"] == winner, message="the winner passed the gate")
+    measured_once = {j["metadata"]["name"] for j in jobs(cluster)}
+    cluster.api.patch_speech(NAME, {"spec": {"profile": {"search": {
+        "profiles": ["high-concurrency", "low-latency"]}}}})
+    await cluster.wait_for(lambda: search_status(cluster).get("phase") == "Searching",
+                           message="searching the new candidate")
+    served: set[str] = set()
+
+    async def decided() -> dict[str, Any] | None:
+        status = (cluster.api.get_speech(NAME) or {})["status"]
+        if status["profileSearch"]["phase"] == "Searching":
+            served.add(status["configHash"])
+        await asyncio.to_thread(play_jobs, cluster, script, [])
+        found = search_status(cluster)
+        return found if found.get("phase") == "Chosen" else None
+
+    second = await cluster.wait_for(decided, timeout=60, interval=0.3, message="chosen again")
+    assert served == {winner}  # no roll back to the spec's own profile meanwhile
+    assert second["winner"] == "low-latency"
+    assert {j["metadata"]["name"] for j in jobs(cluster)} - measured_once == {
+        f"{NAME}-sweep-{second['winnerConfigHash']}", f"{NAME}-wer-{second['winnerConfigHash']}"}
+    await cluster.wait_for(
+        lambda: (cluster.api.get_speech(NAME) or {})["status"]["configHash"] ==
+        second["winnerConfigHash"], message="the new winner serves")

@@ -5,8 +5,9 @@ Like :mod:`.plan`, the decision is a pure function of the spec and of what the c
 each candidate's perf Jobs (named and labelled by its config hash, built by :mod:`.jobs`) and
 their results. A restart therefore decides the same, and a finished candidate is never
 benchmarked again. Candidates run one at a time, each on a GPU of its own (placement
-dedicated); the spec's own profile is the first, and is the one :mod:`.plan` benchmarks anyway
-while it serves. Once every candidate is measured or the GPU budget is spent, the candidate
+dedicated); the spec's own profile is the first. Until a winner is chosen, the measured
+candidate that last passed the gate serves, or else the spec's own, and :mod:`.plan` benchmarks
+whatever serves. Once every candidate is measured or the GPU budget is spent, the candidate
 with the highest audio throughput at spec.slo.concurrency that meets every SLO target wins;
 the reconciler then serves it, and :mod:`.plan` gates it against the last good configuration
 like any other new configuration.
@@ -184,19 +185,25 @@ class SearchPlan:
     running: tuple[JobRequest, ...] = ()  # active Jobs of candidates: their config must exist
     protected: frozenset[str] = frozenset()  # config hashes whose Jobs the search still needs
     winner: Candidate | None = None
+    serve: Candidate | None = None  # the winner, or what serves until there is one
     retry_notes: Mapping[str, str] | None = None  # by config hash and kind: why it is retried
 
 
 def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Attempt],
-           results: Mapping[str, Result], serving_hash: str) -> SearchPlan:
+           results: Mapping[str, Result], last_good_hash: str | None) -> SearchPlan:
     """Which candidate to benchmark next (none while one runs, or once the budget is spent),
-    and, once none is left, which one serves. ``serving_hash`` is benchmarked by the plan of
-    what serves, so the search starts no Job of it."""
+    and which one serves: the winner once none is left, and until then the measured candidate
+    that last passed the gate (``last_good_hash``), or else the spec's own. What serves is
+    benchmarked by the plan of what serves, so the search starts no Job of it."""
     assert spec.slo is not None
     search, slo = spec.profile.search, spec.slo
     hashes = {c.config_hash for c in found if c.cfg is not None}
     spent = gpu_minutes(a for a in attempts if a.config_hash in hashes)
     rows = [_measure(spec, c, attempts, results) for c in found]
+    # A search extended by a new candidate does not roll the pods back to the spec's own.
+    interim = next((r for r in rows if r.state == "Measured"
+                    and r.candidate.config_hash == last_good_hash), rows[0])
+    serving_hash = interim.candidate.config_hash
     running = any(r.state == "Running" and r.candidate.config_hash != serving_hash for r in rows)
     create: list[JobRequest] = []
     notes: dict[str, str] = {}
@@ -218,7 +225,8 @@ def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Atte
                   r.candidate.config_hash == serving_hash, reference) for r in rows]
     status = compact({
         "phase": phase,
-        "message": capped(_message(phase, rows, winner, closest, verdicts, slo, create)),
+        "message": capped(_message(phase, rows, winner, closest, verdicts, slo, create,
+                                   interim)),
         "concurrency": slo.concurrency,
         "winner": winner.candidate.label if winner else None,
         "winnerConfigHash": winner.candidate.config_hash if winner else None,
@@ -231,7 +239,8 @@ def decide(spec: SpeechSpec, found: Sequence[Candidate], attempts: Sequence[Atte
                          for r in rows if r.candidate.config_hash != serving_hash
                          for kind, state in r.kinds.items() if state.state == "Running")
     return SearchPlan(status, phase, tuple(create), running_jobs, frozenset(hashes),
-                      winner.candidate if winner else None, notes)
+                      winner.candidate if winner else None,
+                      (winner or interim).candidate, notes)
 
 
 def _choose(rows: Sequence[Measured], verdicts: Mapping[str, list[Miss]],
@@ -337,7 +346,7 @@ def _result(row: Measured, slo: Slo, found: list[Miss] | None, winner: Measured 
 
 def _message(phase: Phase, rows: Sequence[Measured], winner: Measured | None,
              closest: Measured | None, verdicts: Mapping[str, list[Miss]], slo: Slo,
-             create: Sequence[JobRequest]) -> str:
+             create: Sequence[JobRequest], interim: Measured) -> str:
     finished = sum(r.state in ("Measured", "Failed", "Invalid", "NotMeasured") for r in rows)
     if phase == "Searching":
         now = next((r.candidate.label for r in rows if r.state == "Running"), None)
@@ -354,13 +363,14 @@ def _message(phase: Phase, rows: Sequence[Measured], winner: Measured | None,
                 f"{_throughput(winner):g} audio-s/s at C{c}, first-audio p95 "
                 f"{winner.figures.first_audio_p95_ms:g} ms; the highest of {meeting} candidate(s) "
                 f"meeting the SLO among {len(rows)}")
+    serving = interim.candidate.label + (", the spec's own profile" if interim is rows[0] else
+                                         ", the last candidate to pass the gate")
     if closest is None:
         return (f"No candidate meets the SLO: none of the {len(rows)} was measured; "
-                f"serving {rows[0].candidate.label}, the spec's own profile")
+                f"serving {serving}")
     why = "; ".join(m.text for m in verdicts[closest.candidate.config_hash])
     return (f"No candidate meets the SLO; the closest is {closest.candidate.label} "
-            f"({closest.candidate.config_hash}): {why}. Serving {rows[0].candidate.label}, the "
-            "spec's own profile")
+            f"({closest.candidate.config_hash}): {why}. Serving {serving}")
 
 
 def slo_condition(slo: Slo | None, perf: Mapping[str, Any] | None,
