@@ -167,6 +167,42 @@ def test_a_streamed_reply_joins_into_the_whole_reply(pod: Pod) -> None:
     assert joined.size == whole.size
 
 
+def test_the_api_server_counts_a_stream_and_refuses_new_ones_while_draining(pod: Pod) -> None:
+    """What a drain relies on, in vLLM-Omni's own API server: the pod command's middleware
+    counts a streamed reply until its last byte, and once the supervisor's drain file exists a
+    new request is answered 503 with Retry-After (the pod itself is left serving)."""
+    in_flight = re.compile(r"^minicpm_speech_requests_in_flight (\S+)$", re.MULTILINE)
+
+    def counted() -> float:
+        match = in_flight.search(pod.metrics())
+        assert match, "minicpm_speech_requests_in_flight is not on the supervisor's /metrics"
+        return float(match.group(1))
+
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(stream_events, pod, speech("Drain test.", stream=True))
+        seen = []
+        while not reply.done():
+            seen.append(counted())
+            time.sleep(0.05)
+        assert reply.result()
+    assert 1.0 in seen and counted() == 0.0, seen
+    drain_file = pod.control / "draining.json"
+    drain_file.write_text("{}")
+    try:
+        request = urllib.request.Request(
+            f"{pod.base}/v1/chat/completions", data=json.dumps(speech()).encode(),
+            headers={"Content-Type": "application/json"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
+        assert "shutting down" in json.loads(refused.value.read())["error"]["message"]
+        assert http_get(f"{pod.base}/health")[0] == 200
+    finally:
+        drain_file.unlink()
+    check_speech(*post(pod, speech()))
+    assert counted() == 0.0
+
+
 @pytest.mark.parametrize(
     "body, why",
     [
