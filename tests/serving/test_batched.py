@@ -244,9 +244,10 @@ def test_engine_config_maps_the_extras() -> None:
     assert (narrow.max_streams, narrow.micro_batch) == (2, 2)
     assert engine_config({"micro_batch_size": 8}, CPU, max_streams=32).max_streams == 32
     assert cfg.precision == "fp32"
-    assert engine_config({"token2wav_precision": "bf16-cache"}, CPU).precision == "bf16-cache"
+    for precision in ("bf16-cache", "bf16"):
+        assert engine_config({"token2wav_precision": precision}, CPU).precision == precision
     with pytest.raises(UnsupportedOption, match="token2wav_precision"):
-        engine_config({"token2wav_precision": "bf16"}, CPU)
+        engine_config({"token2wav_precision": "fp16"}, CPU)
     assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False
     assert engine_config({}, CPU).vocoder_graphs is True
     assert engine_config({"enable_hift_graph": False}, CPU).vocoder_graphs is False

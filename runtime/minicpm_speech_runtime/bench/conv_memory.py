@@ -76,18 +76,21 @@ class SweepRow:
     first_call_ms: float
 
 
-def random_voice(key: str, tokens: int, up_rate: int, seed: int) -> PreparedVoice:
-    """A prepared voice of exactly ``tokens`` prompt tokens; its values do not matter here."""
+def random_voice(
+    key: str, tokens: int, up_rate: int, seed: int, device: torch.device | str = "cpu"
+) -> PreparedVoice:
+    """A prepared voice of exactly ``tokens`` prompt tokens on ``device`` (where voice
+    preparation leaves one); its values do not matter here."""
     g = torch.Generator().manual_seed(seed)
     frames = up_rate * tokens
-    return PreparedVoice(
-        key,
+    parts = (
         torch.randint(0, 6561, (1, tokens), generator=g, dtype=torch.int32),
         torch.tensor([tokens], dtype=torch.int32),
         torch.randn(1, 192, generator=g),
         torch.randn(1, frames, 80, generator=g) - 5.0,  # about a log-mel's level
         torch.tensor([frames], dtype=torch.int32),
     )
+    return PreparedVoice(key, *(t.to(device) for t in parts))
 
 
 Conv = nn.Conv1d | nn.ConvTranspose1d
@@ -131,12 +134,19 @@ def conv_calls(models: Code2WavModels, max_prompt_frames: int, tf32: bool) -> li
         cuda_graphs=False, setup_cache_mib=0,
     )
     eng = new_engine(models, cfg)
+    # The DiT has no convolution and a conv's shape never depends on values: its solves return
+    # their starting noise here, which leaves the encoder's and HiFT's calls as they are and
+    # takes the ten-step solve out of ~250 eager streams (on an H100 the full solves had not
+    # finished enumerating after 320 s).
+    for est in (eng.runner.estimator, eng.runner.setup_estimator):
+        est.solve = lambda s: s.x.clone()  # type: ignore[method-assign]
     prompts = list(range(MIN_PROMPT_TOKENS, max_prompt_frames // models.up_rate + 1))
     utterances = list(range(1, 3 * CHUNK_TOKENS + LOOKAHEAD_TOKENS + 1))
     with recording(_conv_modules(models)) as seen, torch.no_grad():
         for i in range(max(len(prompts), len(utterances))):
             tokens, n = prompts[i % len(prompts)], utterances[i % len(utterances)]
-            eng.add_stream(i, random_voice(f"v{tokens}", tokens, models.up_rate, tokens))
+            eng.add_stream(i, random_voice(f"v{tokens}", tokens, models.up_rate, tokens,
+                                              models.device))
             eng.push_tokens(i, torch.randint(0, 6561, (n,)).tolist(), last=True)
             for _ in drain(eng, {}, {}):
                 pass
@@ -240,7 +250,8 @@ def burst(
     top = cfg.max_prompt_frames // models.up_rate
     for i in range(max_streams):
         tokens = 75 + (i * (top - 75)) // max(1, max_streams - 1)  # 3 s to the longest prompt
-        eng.add_stream(i, random_voice(f"burst{i}", tokens, models.up_rate, 1000 + i))
+        eng.add_stream(i, random_voice(f"burst{i}", tokens, models.up_rate, 1000 + i,
+                                              models.device))
         eng.push_tokens(i, torch.randint(0, 6561, (utterance_tokens,)).tolist(), last=True)
     step_transient, steps = 0, 0
     t1 = time.perf_counter()
@@ -278,6 +289,7 @@ def run(models: Code2WavModels, max_streams: int, max_prompt_frames: int,
         "calls": len(calls), "modules": len({c.module for c in calls}),
         "distinct_plans": len(distinct_plans(models, calls)), "seconds": time.perf_counter() - t0,
     }}
+    print(json.dumps({"shapes": out["shapes"]}), flush=True)
     calls = calls[::every_nth_length]
     for tf32 in (False, True):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
