@@ -37,8 +37,9 @@ def test_bf16_caches_halve_the_estimators_memory(models) -> None:  # type: ignor
     assert next(bf16.runner.flow.parameters()).dtype == torch.float32  # compute stays fp32
 
 
-def test_bf16_cache_streams_reuse_setups_and_stay_close_to_fp32(models, voices) -> None:  # type: ignore[no-untyped-def]
-    eng = engine(models, precision="bf16-cache", max_streams=3, micro_batch=3)
+@pytest.mark.parametrize("precision", ["bf16-cache", "bf16"])
+def test_narrow_streams_reuse_setups_and_stay_close_to_fp32(models, voices, precision) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(models, precision=precision, max_streams=3, micro_batch=3)
     out: dict = {}  # type: ignore[type-arg]
     reasons: dict = {}  # type: ignore[type-arg]
     for i in range(2):
@@ -46,14 +47,15 @@ def test_bf16_cache_streams_reuse_setups_and_stay_close_to_fp32(models, voices) 
         eng.push_tokens(f"s{i}", utterance(40, i), last=True)
     for _ in drain(eng, out, reasons):
         pass
-    eng.add_stream("again", voices[0])  # its set-up comes from the bf16 setup cache
+    eng.add_stream("again", voices[0])  # its set-up comes from the narrow setup cache
     eng.push_tokens("again", utterance(40, 0), last=True)
     for _ in drain(eng, out, reasons):
         pass
     assert reasons == {"s0": "done", "s1": "done", "again": "done"}
     assert eng.counters.setup_hits == 1
+    assert all(np.isfinite(np.concatenate(chunks)).all() for chunks in out.values())
     [row] = fidelity(models, voices, [utterance(60, i) for i in range(3)],
-                     {"bf16-cache": {"precision": "bf16-cache"}},
+                     {precision: {"precision": precision}},
                      {"max_streams": 3, "micro_batch": 3, "max_prompt_frames": 300})
     assert PRECISION_TARGET_DB < row["flow_snr_db"] < float("inf")
 
@@ -103,28 +105,6 @@ def test_bf16_computes_the_flow_in_bfloat16_and_leaves_the_loaded_flow_fp32(mode
     # the loaded flow is shared with the reference and other engines: untouched
     assert {p.dtype for p in models.flow.parameters()} == {torch.float32}
     assert {p.dtype for p in models.hift.parameters()} == {torch.float32}
-
-
-def test_bf16_streams_reuse_setups_and_stay_close_to_fp32(models, voices) -> None:  # type: ignore[no-untyped-def]
-    eng = engine(models, precision="bf16", max_streams=3, micro_batch=3)
-    out: dict = {}  # type: ignore[type-arg]
-    reasons: dict = {}  # type: ignore[type-arg]
-    for i in range(2):
-        eng.add_stream(f"s{i}", voices[i])
-        eng.push_tokens(f"s{i}", utterance(40, i), last=True)
-    for _ in drain(eng, out, reasons):
-        pass
-    eng.add_stream("again", voices[0])
-    eng.push_tokens("again", utterance(40, 0), last=True)
-    for _ in drain(eng, out, reasons):
-        pass
-    assert reasons == {"s0": "done", "s1": "done", "again": "done"}
-    assert eng.counters.setup_hits == 1
-    assert all(np.isfinite(np.concatenate(chunks)).all() for chunks in out.values())
-    [row] = fidelity(models, voices, [utterance(60, i) for i in range(3)],
-                     {"bf16": {"precision": "bf16"}},
-                     {"max_streams": 3, "micro_batch": 3, "max_prompt_frames": 300})
-    assert PRECISION_TARGET_DB < row["flow_snr_db"] < float("inf")
 
 
 def test_a_precision_the_engine_lacks_is_refused() -> None:
