@@ -104,3 +104,27 @@ def test_hash_follows_what_changes_serving_and_only_that() -> None:
     assert rendered(parsed(runtime={"mps": {"enabled": False}})).config_hash != base
     # Placement is not serving behaviour: the pod moves, the hash stays.
     assert rendered(parsed(runtime={"nodeSelector": {"a": "b"}})).config_hash == base
+
+
+@pytest.mark.parametrize("extra", [
+    {"token2wav_precision": "bf16-cache"},
+    {"token2wav_precision": "bf16"},
+    {"token2wav_n_timesteps": 5},
+])
+def test_precision_and_solver_steps_are_part_of_the_config_hash(extra: dict[str, Any]) -> None:
+    """A precision or step-count change is a new serving behaviour: a new hash runs the
+    benchmark and the quality gate against the last good configuration."""
+    base = rendered(parsed())
+    changed = rendered(parsed(
+        profileOverrides={"connectors": {"connector_of_shared_memory": {"extra": extra}}}))
+    assert changed.config_hash != base.config_hash
+    key, value = next(iter(extra.items()))
+    assert f"{key}: {value}" in changed.deploy_config
+
+
+def test_a_precision_the_contract_lacks_is_refused_by_name() -> None:
+    extra = {"token2wav_precision": "fp8"}
+    spec = parsed(profileOverrides={"connectors": {"connector_of_shared_memory": {"extra": extra}}})
+    error = refusal(lambda: rendered(spec))
+    assert error.field.endswith("extra.token2wav_precision")
+    assert "bf16" in str(error)
