@@ -145,9 +145,9 @@ class BatchedEncoder:
         return cache
 
     def scrub(self, cache: EncoderCache) -> None:
-        """Zero the stream's slot of the slab (see :meth:`Runner.scrub`)."""
+        """Zero the stream's attention cache in the slab (see :meth:`Runner.scrub`); its conv
+        cache is zeroed by :meth:`new_cache` when the slot is taken again."""
         self.att[cache.slot].zero_()
-        self.cnn[cache.slot].zero_()
 
     def release(self, cache: EncoderCache) -> None:
         fin = self._release.pop(cache.slot, None)
