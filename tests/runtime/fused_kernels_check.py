@@ -68,26 +68,41 @@ def kernel_diffs(fused: Kernels, eager: Kernels) -> dict[str, float]:
     qn, kn = (rnd(d), rnd(d)), (rnd(d), rnd(d))
     pos = torch.stack([torch.arange(frames) + 3, torch.full((frames,), t - 1)])  # row 1: trash
     rows = (torch.arange(2)[:, None].expand(-1, frames), pos)
-    caches = [rnd(2, heads, t, d) for _ in range(2)]
-    kc, vc = (c.clone() for c in caches)
-    want_q = eager.qkv_into_cache(qkv, heads, d, qn, kn, 1e-6, kc, vc, rows)
-    fk, fv = (c.clone() for c in caches)
-    got_q = fused.qkv_into_cache(qkv, heads, d, qn, kn, 1e-6, fk, fv, rows)
-    # row 1 writes every frame to one position (which wins is unordered): compare row 0
-    out["qkv_into_cache"] = max(diff(got_q, want_q), diff(fk[0], kc[0]), diff(fv[0], vc[0]))
+    # each row's positions are pool frames in a scrambled order, as a long-lived pool has them
+    table = torch.randperm(2 * t + 5, generator=g)[: 2 * t].view(2, t)
+    pools = [rnd(2 * t + 5, heads, d) for _ in range(2)]
+    kc, vc = (c.clone() for c in pools)
+    want_q = eager.qkv_into_cache(qkv, heads, d, qn, kn, 1e-6, kc, vc, table, rows)
+    fk, fv = (c.clone() for c in pools)
+    got_q = fused.qkv_into_cache(qkv, heads, d, qn, kn, 1e-6, fk, fv, table, rows)
+    # row 1 writes every frame to one position (which wins is unordered): compare row 0's
+    mine = table[0]
+    out["qkv_into_cache"] = max(
+        diff(got_q, want_q), diff(fk[mine], kc[mine]), diff(fv[mine], vc[mine])
+    )
+    written = table[0, pos[0]]  # the frames row 0's new keys went to, changed alike
+    changed = not torch.equal(kc[written], pools[0][written])
+    out["qkv_into_cache_wrote_rows_frames"] = diff(fk[written], kc[written]) + (not changed)
 
     # attention: rows with valid keys in [5, 29) (a block boundary inside), one row whose only
     # key is the trash frame, frames past one 64-frame block, a -inf block before valid keys
     r, f = 4, 70
     q = rnd(r, heads, f, d)
-    kc, vc = rnd(r, heads, t, d), rnd(r, heads, t, d)
+    table = torch.randperm(r * t, generator=g).view(r, t)
+    kc, vc = rnd(r * t, heads, d), rnd(r * t, heads, d)
     bias = torch.full((r, 1, 1, t), float("-inf"))
     rng = torch.tensor([[5, 29], [5, 29], [t - 1, t], [0, 17]])
     for i, (lo, hi) in enumerate(rng.tolist()):
         bias[i, ..., lo:hi] = 0
     bias[0, ..., 7] = bias[3, ..., 3] = float("-inf")  # holes inside the range
     out["attention"] = diff(
-        fused.attention(q, kc, vc, bias, rng), eager.attention(q, kc, vc, bias.clone(), rng)
+        fused.attention(q, kc, vc, table, bias, rng),
+        eager.attention(q, kc, vc, table, bias.clone(), rng),
+    )
+    # the table is read: the same keys laid out in position order give the same result
+    dense = (kc[table].flatten(0, 1), vc[table].flatten(0, 1), torch.arange(r * t).view(r, t))
+    out["attention_through_table"] = diff(
+        fused.attention(q, *dense, bias, rng), eager.attention(q, kc, vc, table, bias, rng)
     )
 
     # conv taps: channels past one 256-wide block, a strided cache half, rows ending at 0
@@ -104,10 +119,12 @@ def kernel_diffs(fused: Kernels, eager: Kernels) -> dict[str, float]:
     first = torch.tensor([0] * 3 + [3] * 47 + [50] * 20)
     per_frame = torch.stack([first, torch.tensor([3] * 3 + [50] * 47 + [70] * 20)], dim=-1)
     per_frame = per_frame.expand(2, -1, -1).contiguous()
-    q, kc, vc = rnd(2, heads, f, d), rnd(2, heads, 72, d), rnd(2, heads, 72, d)
+    q, kc, vc = rnd(2, heads, f, d), rnd(2 * 72, heads, d), rnd(2 * 72, heads, d)
+    table = torch.randperm(2 * 72, generator=g).view(2, 72)
     zero = torch.zeros(2, 1, 1, 72)
     out["attention_packed"] = diff(
-        fused.attention(q, kc, vc, zero, per_frame), eager.attention(q, kc, vc, zero, per_frame)
+        fused.attention(q, kc, vc, table, zero, per_frame),
+        eager.attention(q, kc, vc, table, zero, per_frame),
     )
     # packed conv taps: segments [0, 2), [2, 7), [7, 9), each from a zero cache
     starts = torch.tensor([0, 0, 2, 2, 2, 2, 2, 7, 7]).expand(2, -1).contiguous()
@@ -168,8 +185,11 @@ def solve_diffs(checkpoint: str, precision: str = "fp32") -> dict[str, float]:
     frames, t = 9, 24
 
     def make(kernels: Kernels) -> tuple[BatchedEstimator, SolveInputs]:
-        est = BatchedEstimator(flow.decoder, 2, t, 10, kernels, cache_dtype=cache_dtype)
+        est = BatchedEstimator(flow.decoder, 2, t, 10, kernels, cache_dtype=cache_dtype,
+                               pool_frames=4 * t + 3)
         g = torch.Generator().manual_seed(1)
+        # every position its own frame, scattered over a pool larger than the rows need
+        est.table.copy_(torch.randperm(4 * t + 3, generator=g)[: 4 * t].view(4, t))
         n, r = 2, 4
         lens = [frames, frames - 3]  # ragged: the second stream's last 3 frames are padding
         write = torch.full((r, frames), t - 1, dtype=torch.long)
@@ -253,10 +273,10 @@ def chosen_under_tf32() -> dict[str, bool]:
     to TF32 as CUDA's do (CPU matmuls ignore the flag, so the rounding is applied here)."""
     plain_attention = Kernels.attention
 
-    def attention(self: Kernels, q, k, v, bias, key_range):  # type: ignore[no-untyped-def]
+    def attention(self: Kernels, q, k, v, table, bias, key_range):  # type: ignore[no-untyped-def]
         if not self.fused and torch.backends.cuda.matmul.allow_tf32:
             q, k, v = (_tf32_round(t) for t in (q, k, v))
-        return plain_attention(self, q, k, v, bias, key_range)
+        return plain_attention(self, q, k, v, table, bias, key_range)
 
     Kernels.attention = attention  # type: ignore[method-assign]
     torch.backends.cuda.matmul.allow_tf32 = True

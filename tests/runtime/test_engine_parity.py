@@ -147,8 +147,10 @@ def test_setup_cache_off_solves_every_stream(setup, nsf) -> None:  # type: ignor
     est, enc, p = eng.runner.estimator, eng.runner.encoder, x.prompt_frames
     rx, ry = (slice(2 * s.slot, 2 * s.slot + 2) for s in (x, y))  # two CFG rows per slot
     assert rx != ry and y.prompt_frames == p
-    for kv in (est.k, est.v):  # [steps, depth, rows, heads, frames, head_dim]
-        assert torch.equal(kv[:, :, rx, :, :p], kv[:, :, ry, :, :p])
+    fx, fy = (eng.runner.prompt_frames_of(s) for s in (x, y))
+    assert not set(fx.tolist()) & set(fy.tolist())  # copies, in frames of its own
+    for kx, ky in zip(eng.runner.prompt_kv(x), eng.runner.prompt_kv(y), strict=True):
+        assert torch.equal(kx, ky)
     assert torch.equal(est.conv[:, :, rx], est.conv[:, :, ry])
     ex, ey = (enc.export_state(eng.runner.streams[s].encoder, copy=False) for s in ("x", "y"))
     assert torch.equal(ex.att, ey.att) and torch.equal(ex.cnn, ey.cnn) and ex.length == ey.length
@@ -194,7 +196,7 @@ def test_cold_setup_caches_equal_reference_setup_cache(setup) -> None:  # type: 
             cnn = ref["estimator_cnn_cache"][: est.steps]
             d = est.head_dim
             assert att.shape[4] == p
-            k, v = est.k[:, :, rows, :, :p], est.v[:, :, rows, :, :p]
+            k, v = eng.runner.prompt_kv(s)  # [steps, depth, rows, heads, frames, head_dim]
             assert float((k - att[..., :d]).abs().max()) <= 1e-4, i
             assert float((v - att[..., d:]).abs().max()) <= 1e-4, i
             conv = est.conv[:, :, rows].transpose(-1, -2)

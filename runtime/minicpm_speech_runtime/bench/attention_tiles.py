@@ -39,8 +39,9 @@ def setup_case(
     ix = packed_indices(PackLayout(prompts, frames), 2 * len(prompts))
     return {
         "q": torch.randn(2, HEADS, frames, HEAD_DIM, device=dev),
-        "k": torch.randn(2, HEADS, keys, HEAD_DIM, device=dev),
-        "v": torch.randn(2, HEADS, keys, HEAD_DIM, device=dev),
+        "k": torch.randn(2 * keys, HEADS, HEAD_DIM, device=dev),  # the pool's [P, H, D]
+        "v": torch.randn(2 * keys, HEADS, HEAD_DIM, device=dev),
+        "table": torch.arange(2 * keys, device=dev).view(2, keys),  # the setup's, identity
         "bias": torch.zeros(2, 1, 1, keys, device=dev),
         "range": ix["key_range"].to(dev),
     }
@@ -54,8 +55,10 @@ def decode_case(
     bias[..., :valid] = 0.0
     return {
         "q": torch.randn(rows, HEADS, frames, HEAD_DIM, device=dev),
-        "k": torch.randn(rows, HEADS, keys, HEAD_DIM, device=dev),
-        "v": torch.randn(rows, HEADS, keys, HEAD_DIM, device=dev),
+        "k": torch.randn(rows * keys, HEADS, HEAD_DIM, device=dev),
+        "v": torch.randn(rows * keys, HEADS, HEAD_DIM, device=dev),
+        # each row's frames one run of the pool, as a stream's are when it starts
+        "table": torch.arange(rows * keys, device=dev).view(rows, keys),
         "bias": bias,
         "range": torch.tensor([[0, valid]] * rows, device=dev),
     }
@@ -64,7 +67,7 @@ def decode_case(
 def launcher(case: dict[str, Any], tiles: tuple[int, int, int, int]) -> Callable[[], Any]:
     from ..engine import triton_kernels as tk
 
-    args = (case["q"], case["k"], case["v"], case["bias"], case["range"])
+    args = (case["q"], case["k"], case["v"], case["table"], case["bias"], case["range"])
     return lambda: tk.attention(*args, tiles=tiles)
 
 

@@ -126,7 +126,7 @@ def stream_audio(
     pending = list(enumerate(zip(voices, utterances, strict=True)))
     with fixed_nsf_noise():
         for _ in drain(eng, got, reasons):
-            while pending and eng.free_slots:
+            while pending and eng.admits(pending[0][1][0]):
                 i, (voice, tokens) = pending.pop(0)
                 eng.add_stream(i, voice)
                 eng.push_tokens(i, tokens, last=True)

@@ -40,6 +40,11 @@ class EngineConfig:
     Triton kernels where Triton and CUDA are present (same fp32 arithmetic as the torch ops).
     ``bounded_convs`` runs fp32 convolutions (TF32 off) without cuDNN, whose plans asked for
     up to 140 GiB of workspace (:mod:`.workspace`); off only to measure that.
+    A stream's estimator keys and values take :meth:`stream_frames` of its own prompt from a
+    pool of ``cache_mib`` of device memory; unset, the pool holds ``max_streams`` streams of
+    the longest prompt, so a free slot always admits. A smaller pool serves more streams per
+    GiB where prompts are shorter than the longest allowed; a stream waits for frames to
+    free (:meth:`Code2WavEngine.admits`) when the pool cannot hold its prompt yet.
     """
 
     max_streams: int = 8
@@ -58,6 +63,7 @@ class EngineConfig:
     setup_cache_voices: int | None = None  # and at most this many voices, if given (0: off)
     bounded_convs: bool = True
     precision: str = DEFAULTS.token2wav_precision  # one of the contract's PRECISIONS
+    cache_mib: int | None = None  # the estimator's key/value pool; None: every slot at most
 
     def __post_init__(self) -> None:
         if self.max_streams < 1:
@@ -78,6 +84,8 @@ class EngineConfig:
             raise ValueError("setup_cache_mib must be >= 0")
         if self.setup_cache_voices is not None and self.setup_cache_voices < 0:
             raise ValueError("setup_cache_voices must be >= 0")
+        if self.cache_mib is not None and self.cache_mib < 1:
+            raise ValueError("cache_mib must be >= 1 (or unset)")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}")
 
@@ -98,12 +106,19 @@ class EngineConfig:
 
     @property
     def cache_frames(self) -> int:
-        """Physical estimator-cache positions per slot: history, one chunk, one trash frame.
+        """Positions of each estimator row: the longest prompt's stream, one trash position.
 
-        Rounded up to a multiple of 8 so the attention matmuls over the cache get aligned,
+        Rounded up to a multiple of 8 so the attention matmuls over the positions get aligned,
         vectorised kernels (an odd length selects byte-aligned ones, about twice as slow).
+        A row's positions are frames of a pool (:class:`~.estimator.BatchedEstimator`); only
+        the ones its stream uses take memory.
         """
-        return _aligned(self.max_prompt_frames + HISTORY_FRAMES + self.max_chunk_frames + 1)
+        return _aligned(self.stream_frames(self.max_prompt_frames) + 1)
+
+    def stream_frames(self, prompt_frames: int) -> int:
+        """Cache positions a stream of this prompt ever holds: its prompt, the history kept
+        after it, and one chunk being added (:class:`~.state.FrameMap`)."""
+        return prompt_frames + HISTORY_FRAMES + self.max_chunk_frames
 
     @property
     def setup_cache_frames(self) -> int:

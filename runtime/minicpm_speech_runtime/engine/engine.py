@@ -90,10 +90,17 @@ class Code2WavEngine:
                 f"voice has {self.up_rate} frames per token and at least {MIN_PROMPT_TOKENS} tokens"
             )
 
+    def admits(self, voice: Any) -> bool:
+        """Whether :meth:`add_stream` takes a stream of this voice now: a free slot, and the
+        cache frames its prompt needs (a stream that ends frees both in a step)."""
+        with self._lock:
+            return self.runner.admits(int(voice.prompt_mels.shape[1]))
+
     def add_stream(self, stream_id: Any, voice: Any) -> None:
         """Start a stream with a prepared voice (:class:`~..device.PreparedVoice`); a voice the
         engine cannot set up is refused here (ValueError), before it joins any step, and a
-        stream beyond ``max_streams`` (RuntimeError "no free stream slot")."""
+        stream the engine has no room for now (RuntimeError: no free stream slot, or no free
+        cache frames; :meth:`admits` says beforehand)."""
         self.check_voice(voice)
         frames = int(voice.prompt_mels.shape[1])
         with self._lock:
@@ -140,7 +147,8 @@ class Code2WavEngine:
 
     @property
     def free_slots(self) -> int:
-        """Streams :meth:`add_stream` takes now; a stream that ends frees its slot in a step."""
+        """Free stream slots; a stream that ends frees its slot in a step. Whether a stream
+        also finds its cache frames: :meth:`admits`."""
         return self.config.max_streams - self.runner.num_live
 
     def has_output(self, stream_id: Any) -> bool:

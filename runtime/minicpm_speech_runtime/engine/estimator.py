@@ -1,12 +1,14 @@
 """Batched causal-DiT solve over many streams with preallocated, in-place caches.
 
 The reference's ``DiT.forward_chunk`` concatenates each block's new keys/values onto the cache
-and copies the result into a scratch buffer, once per block, Euler step and stream. Here every
-slot owns fixed storage ``k, v: [steps, depth, 2 * slots, heads, T, head_dim]`` (two CFG rows per
-slot, adjacent), a chunk's new keys/values are written in place at positions the host chose
-(:class:`~.state.FrameMap`), and attention reads the slot range ``[lo, hi)`` as a view with a
-key mask. Rows are ragged: frames past a row's length and rows not in this solve write only to
-the slot's trash position and never update a conv cache.
+and copies the result into a scratch buffer, once per block, Euler step and stream. Here keys
+and values live in a pool of frames, ``k, v: [steps, depth, frames, heads, head_dim]``, and each
+row (two CFG rows per slot, adjacent) sees ``T`` positions through its row of a frame table
+``[2 * slots, T]``: a slot's storage is the frames its stream was given, sized by its own prompt,
+not ``T`` of them. A chunk's new keys/values are written in place at positions the host chose
+(:class:`~.state.FrameMap`), and attention reads the row's range of positions ``[lo, hi)``
+through the table with a key mask. Rows are ragged: frames past a row's length and rows not in
+this solve write only to the row's trash position and never update a conv cache.
 
 The modules are the reference's; only their weights are used, with the same operations in the
 same order per row, so a row's result equals the per-stream reference up to summation order.
@@ -105,7 +107,7 @@ class SolveInputs:
     mu: torch.Tensor  # [n, 80, F] encoder output (zero past each row's length)
     spk: torch.Tensor  # [n, 80] projected speaker embedding
     cond: torch.Tensor  # [n, 80, F] prompt mel in setup, zeros in decode
-    write_pos: torch.Tensor  # [R, F] int64 physical position of each new frame (trash if unused)
+    write_pos: torch.Tensor  # [R, F] int64 position of each new frame (trash if unused)
     key_mask: torch.Tensor  # [R, 1, 1, T] bool, valid keys including the new frames
     key_range: torch.Tensor  # [R, 2] int64 [lo, hi) holding every valid key of the row
     last_idx: torch.Tensor  # [R] int64 frames per row (conv caches keep the 2 before it)
@@ -204,9 +206,12 @@ class BatchedEstimator:
         kernels: Kernels | None = None,
         conv_slots: int | None = None,
         cache_dtype: torch.dtype | None = None,
+        pool_frames: int | None = None,
     ) -> None:
-        """``slots`` x ``frames`` of key/value storage; ``conv_slots`` (default ``slots``) of
-        conv caches: a packed solve holds several streams' conv caches per slot of keys.
+        """``slots`` row pairs of ``frames`` positions each; ``pool_frames`` (default: every
+        position its own frame, ``table`` the identity) of key/value storage, which the owner
+        hands out through ``table``. ``conv_slots`` (default ``slots``) of conv caches: a
+        packed solve holds several streams' conv caches per slot of keys.
         ``cache_dtype`` (default: the weights') is what keys, values and conv caches are kept
         in; the solve computes in the weights' type and reads them back into it. Its state,
         inputs and output are fp32 whatever the weights' type (``io_dtype``)."""
@@ -222,10 +227,16 @@ class BatchedEstimator:
         # The solve's state, its inputs and its output stay fp32 in every precision: ten Euler
         # updates of a bf16 state would round away steps of the size dt * velocity.
         self.io_dtype, self.compute_dtype = torch.float32, p.dtype
-        shape = (n_timesteps, self.depth, 2 * slots, self.heads, frames, self.head_dim)
+        identity = pool_frames is None
+        pool_frames = 2 * slots * frames if pool_frames is None else pool_frames
+        shape = (n_timesteps, self.depth, pool_frames, self.heads, self.head_dim)
         dtype = cache_dtype or p.dtype
         self.k = torch.zeros(shape, dtype=dtype, device=p.device)
         self.v = torch.zeros(shape, dtype=dtype, device=p.device)
+        # row r's position t is pool frame table[r, t]; graphs read the table in place, so it
+        # is written, never replaced
+        rows = torch.arange(2 * slots * frames, device=p.device).view(2 * slots, frames)
+        self.table = rows if identity else torch.zeros_like(rows)
         # conv caches frames-major: [.., 2 frames, conv1 input channels + conv2 input channels]
         conv = (n_timesteps, self.depth, 2 * (conv_slots or slots), 2, 2 * self.hidden)
         self.conv = torch.zeros(conv, dtype=dtype, device=p.device)
@@ -241,7 +252,13 @@ class BatchedEstimator:
 
     @property
     def nbytes(self) -> int:
+        """Device bytes of the caches: keys, values and conv (the frame table aside)."""
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.conv))
+
+    @property
+    def frame_nbytes(self) -> int:
+        """Device bytes of one pool frame: its keys and values over every step and block."""
+        return 2 * self.k[:, :, 0].numel() * self.k.element_size()
 
     def t_span(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         t = torch.linspace(0, 1, self.steps + 1, device=device, dtype=dtype)
@@ -332,8 +349,8 @@ class BatchedEstimator:
 
     def attention(self, ctx: _SolveContext, step: int, b: int, x: torch.Tensor) -> torch.Tensor:
         w, s = self.weights[b], ctx.inputs
-        k_cache = self.k[step, b, 2 * s.lo : 2 * s.hi]  # [R, H, T, D] view of the slot range
-        v_cache = self.v[step, b, 2 * s.lo : 2 * s.hi]
+        k_pool, v_pool = self.k[step, b], self.v[step, b]  # [P, H, D]
+        table = self.table[2 * s.lo : 2 * s.hi]  # the solve's rows
         q = self.kernels.qkv_into_cache(  # new keys/values written in place
             F.linear(x, w.qkv_w, w.qkv_b),
             self.heads,
@@ -341,11 +358,12 @@ class BatchedEstimator:
             w.q_norm,
             w.k_norm,
             w.qk_eps,
-            k_cache,
-            v_cache,
+            k_pool,
+            v_pool,
+            table,
             ctx.rows,
         )
-        o = self.kernels.attention(q, k_cache, v_cache, ctx.key_bias, s.key_range)
+        o = self.kernels.attention(q, k_pool, v_pool, table, ctx.key_bias, s.key_range)
         return cast(torch.Tensor, self.est.blocks[b].attn.proj(o))
 
     def conv_block(self, ctx: _SolveContext, step: int, b: int, x: torch.Tensor) -> torch.Tensor:

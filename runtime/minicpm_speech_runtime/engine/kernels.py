@@ -111,11 +111,13 @@ class Kernels:
             with _matmul_tf32(False):
                 return list(zip(ours, run(ref), strict=True))
 
-        # the shapes the engine runs: 64-wide heads, a 50-frame chunk, a cache range
+        # the shapes the engine runs: 64-wide heads, a 50-frame chunk, a cache range; each
+        # row's 72 positions are pool frames in a scrambled order, as a long-lived pool has them
         ref, f, d = Kernels(False), 50, 64
         x, y, w, b = rnd(4, f, d), rnd(4, f, d), rnd(d), rnd(d)
         ends = torch.tensor([0, 1, f - 1, f], device=device)
-        qkv, caches = rnd(4, f, 6 * d), rnd(2, 4, 2, 72, d)  # k and v: [R, H, T, D]
+        qkv, pools = rnd(4, f, 6 * d), rnd(2, 4 * 72, 2, d)  # k and v: [P, H, D]
+        table = torch.randperm(4 * 72, generator=g).view(4, 72).to(device)
         pos = torch.arange(f, device=device).expand(4, -1)
         rows = (torch.arange(4, device=device)[:, None].expand(-1, f), pos)
         bias = torch.zeros(4, 1, 1, 72, device=device)
@@ -127,11 +129,11 @@ class Kernels:
         per_frame = torch.stack([first, torch.where(pos < 13, 13, f)], dim=-1)
 
         def attention(k: Kernels) -> tuple[torch.Tensor, ...]:
-            kc, vc = caches.clone().unbind(0)
-            q = k.qkv_into_cache(qkv, 2, d, (w, b), (b, w), 1e-6, kc, vc, rows)
+            kp, vp = pools.clone().unbind(0)
+            q = k.qkv_into_cache(qkv, 2, d, (w, b), (b, w), 1e-6, kp, vp, table, rows)
             q = q.contiguous()
-            packed = k.attention(q, kc, vc, torch.zeros_like(bias), per_frame)
-            return q, kc, k.attention(q, kc, vc, bias.clone(), key_range), packed
+            packed = k.attention(q, kp, vp, table, torch.zeros_like(bias), per_frame)
+            return q, kp, k.attention(q, kp, vp, table, bias.clone(), key_range), packed
 
         pairs = [
             *both(lambda k: k.residual_norm(x, w, y, (w, b), 1e-6)),
@@ -167,47 +169,53 @@ class Kernels:
         q_norm: Pair,
         k_norm: Pair,
         eps: float,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        table: torch.Tensor,
         rows: Pair,
     ) -> torch.Tensor:
-        """Split [R, F, 3 * H * D]; q/k normed; k and v written into the caches [R, H, T, D]
-        at ``rows`` (row index, position) per new frame; returns q [R, H, F, D]."""
+        """Split [R, F, 3 * H * D]; q/k normed; k and v written into the pools [P, H, D] at
+        the frames ``table`` [R, T] maps ``rows`` (row index, position per new frame) to;
+        returns q [R, H, F, D]."""
         if self.fused:
             return self._t.qkv_into_cache(
-                qkv, heads, head_dim, q_norm, k_norm, eps, k_cache, v_cache, rows[1]
+                qkv, heads, head_dim, q_norm, k_norm, eps, k_pool, v_pool, table, rows[1]
             )
         r, f, _ = qkv.shape
         q, k, v = qkv.view(r, f, 3, heads, head_dim).unbind(2)
         q = F.layer_norm(q, (head_dim,), *q_norm, eps)
         k = F.layer_norm(k, (head_dim,), *k_norm, eps)
-        k_cache[rows[0], :, rows[1]] = k.to(k_cache.dtype)
-        v_cache[rows[0], :, rows[1]] = v.to(v_cache.dtype)
+        frames = table[rows]  # [R, F]
+        k_pool[frames] = k.to(k_pool.dtype)
+        v_pool[frames] = v.to(v_pool.dtype)
         return q.transpose(1, 2)
 
     def attention(
         self,
         q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        table: torch.Tensor,
         key_bias: torch.Tensor,
         key_range: torch.Tensor,
     ) -> torch.Tensor:
-        """softmax(q k^T + key_bias) v -> [R, F, H * D]; ``key_bias`` is 0 or -inf per key
-        and every valid key of row r lies in ``key_range[r]`` (which the fused kernel scans).
+        """softmax(q k^T + key_bias) v -> [R, F, H * D]; row r's key at position t is frame
+        ``table[r, t]`` of the pools [P, H, D]. ``key_bias`` is 0 or -inf per position and
+        every valid key of row r lies in ``key_range[r]`` (which the fused kernel scans).
         A ``key_range`` of [R, F, 2] gives each frame its own range, outside which its keys
         are masked too (prompts packed end to end in one row)."""
         if self.fused:
-            return self._t.attention(q, k_cache, v_cache, key_bias, key_range)
-        # scores in one batched matmul (TF32 tensor cores when allowed); the fp32 fused
-        # attention kernels run on the SIMT units and were the step's largest cost
-        k_cache, v_cache = k_cache.to(q.dtype), v_cache.to(q.dtype)  # bf16 caches: read back
-        scores = torch.matmul(q, k_cache.transpose(2, 3)).add_(key_bias)  # [R, H, F, T]
+            return self._t.attention(q, k_pool, v_pool, table, key_bias, key_range)
+        # each row's keys gathered in position order (bf16 pools read back into q's type);
+        # scores in one batched matmul (TF32 tensor cores when allowed)
+        k = k_pool[table].to(q.dtype).transpose(1, 2)  # [R, H, T, D]
+        v = v_pool[table].to(q.dtype).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(2, 3)).add_(key_bias)  # [R, H, F, T]
         if key_range.dim() == 3:
-            t = torch.arange(k_cache.shape[2], device=q.device)
+            t = torch.arange(k.shape[2], device=q.device)
             mine = (t >= key_range[..., :1]) & (t < key_range[..., 1:])  # [R, F, T]
             scores.masked_fill_(~mine[:, None], float("-inf"))
-        o = torch.matmul(torch.softmax(scores, dim=-1), v_cache)
+        o = torch.matmul(torch.softmax(scores, dim=-1), v)
         return o.transpose(1, 2).flatten(2)
 
     def norm_mish(self, x: torch.Tensor, norm: Pair, eps: float) -> torch.Tensor:

@@ -1,15 +1,16 @@
-"""Owns every device buffer: estimator caches by slot, per-stream encoder and vocoder caches,
-the static graph buffers and the graph dispatcher.
+"""Owns every device buffer: the estimator's key/value pool and frame table, per-stream
+encoder and vocoder caches, the static graph buffers and the graph dispatcher.
 
-A new stream takes the lowest free slot and keeps it while the slots in use fit the smallest
-decode graph that holds that many streams: moving a stream costs a copy of its whole cache
-(~0.6 ms at real dims; ~6 moves, 5 ms, of a 64-stream step when every leaving stream's slot was
-refilled from the top). Only when the highest slot in use is past that graph size is it moved
-into the lowest free slot, so a shrinking load still runs the smaller graphs.
+A new stream takes the lowest free slot and, from the pool, the frames its own prompt needs
+(:class:`~.frame_pool.FramePool`); its slot's two rows of the frame table point at them, every
+other position at the row's own trash frame. It keeps the slot while the slots in use fit the
+smallest decode graph that holds that many streams. Only when the highest slot in use is past
+that graph size is it moved into the lowest free slot, so a shrinking load still runs the
+smaller graphs; a move rewrites two table rows and copies the slot's conv caches, never keys.
 A decode solve covers slots ``[0, batch)`` of the smallest graph that holds every stream in it;
 free slots and streams without a ready chunk are inactive rows there.
 A setup group's prompts are packed end to end in a scratch estimator of one row pair
-(:mod:`.setup_solve`), and each prompt's caches are then copied to its stream's slot.
+(:mod:`.setup_solve`), and each prompt's caches are then copied to its stream's frames.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from .config import (
     PROMPT_PAD_TOKEN,
     EngineConfig,
 )
-from .encoder import BatchedEncoder, EncoderCache
+from .encoder import BatchedEncoder, EncoderCache, EncoderState
 from .estimator import BatchedEstimator, GraphedSolve, SolveInputs
+from .frame_pool import FramePool
 from .graphs import CaptureBackend, CudaGraphBackend, GraphDispatcher, batch_grid
 from .kernels import Kernels
 from .setup_cache import SetupCache, VoiceSetup
@@ -56,6 +58,7 @@ class DeviceStream:
     spk: torch.Tensor  # [80] projected speaker embedding
     prompt_frames: int
     frames: FrameMap
+    pool_frames: list[int]  # its frames of the key/value pool: row 2 * slot's, then the other's
     vocoder: VocoderCache
     encoder: EncoderCache  # a slot of the batched encoder's cache slab
 
@@ -78,11 +81,18 @@ class Runner:
         cache_dtype = torch.bfloat16 if config.precision == "bf16-cache" else None
         # what the encoder and the DiT compute with; the speaker projection stays the flow's
         self.compute_flow = compute_flow(self.flow, config.precision)
+        # frames [0, 2 * max_streams) are the rows' own trash frames, the rest the streams'
+        rows = 2 * config.max_streams
+        per_frame = kv_frame_nbytes(self.compute_flow, steps, cache_dtype)
+        self.pool = FramePool(rows, kv_pool_frames(config, per_frame))
         self.estimator = BatchedEstimator(
             self.compute_flow.decoder, config.max_streams, config.cache_frames, steps,
             self.kernels,
             cache_dtype=cache_dtype,
+            pool_frames=rows + self.pool.capacity,
         )
+        self.table = torch.arange(rows)[:, None].repeat(1, config.cache_frames)  # host copy
+        self.estimator.table.copy_(self.table)
         self.setup_estimator = BatchedEstimator(
             self.compute_flow.decoder,
             1,
@@ -143,19 +153,39 @@ class Runner:
     def num_live(self) -> int:
         return len(self.streams)
 
+    def admits(self, prompt_frames: int) -> bool:
+        """Whether a stream of this prompt can start now: a free slot and its frames."""
+        need = 2 * self.config.stream_frames(prompt_frames)
+        return self.num_live < self.config.max_streams and self.pool.available >= need
+
     def attach(self, s: StreamState) -> None:
         if self.num_live >= self.config.max_streams:
             raise RuntimeError("no free stream slot")
+        positions = self.config.stream_frames(s.prompt_frames)
+        if self.pool.available < 2 * positions:
+            raise RuntimeError(
+                f"no free cache frames: a {s.prompt_frames}-frame prompt needs "
+                f"{2 * positions}, {self.pool.available} are free until a stream ends"
+            )
         s.slot = self.owner.index(None)
         self.owner[s.slot] = s
         spk = self.flow.spk_embed_affine_layer(F.normalize(s.voice.spk_emb, dim=1))
-        fm = FrameMap(s.prompt_frames, self.trash)
+        frames = self.pool.take(2 * positions)
         self.streams[s.stream_id] = DeviceStream(
-            spk[0], s.prompt_frames, fm, VocoderCache.empty(self.device), self.encoder.new_cache()
+            spk[0],
+            s.prompt_frames,
+            FrameMap(s.prompt_frames, positions),
+            frames,
+            VocoderCache.empty(self.device),
+            self.encoder.new_cache(),
         )
+        self._map(s.slot, frames)
 
     def detach(self, s: StreamState) -> None:
-        self.encoder.release(self.streams.pop(s.stream_id).encoder)
+        d = self.streams.pop(s.stream_id)
+        self.encoder.release(d.encoder)
+        self.pool.give(d.pool_frames)
+        self._map(s.slot, None)
         self.owner[s.slot] = None
         s.slot = -1
         fits = min(n for n in self.decode_sizes if n >= max(self.num_live, 1))
@@ -163,25 +193,58 @@ class Runner:
             self._move(top, self.owner.index(None))
 
     def scrub(self, s: StreamState) -> None:
-        """Zero the stream's estimator rows and encoder cache: a masked key or value is
-        multiplied by 0, and 0 * NaN would carry a failed stream's NaN into the next one."""
-        est, rows = self.estimator, slice(2 * s.slot, 2 * s.slot + 2)
-        for buf in (est.k, est.v, est.conv):
-            buf[:, :, rows].zero_()
+        """Zero the stream's keys, values (its trash frames too), conv and encoder caches: a
+        masked key or value is multiplied by 0, and 0 * NaN would carry a failed stream's NaN
+        into the next stream given those frames."""
+        est, rows = self.estimator, [2 * s.slot, 2 * s.slot + 1]
+        frames = to_device(torch.tensor(self.streams[s.stream_id].pool_frames + rows), self.device)
+        for buf in (est.k, est.v):
+            buf.index_fill_(2, frames, 0)
+        est.conv[:, :, rows[0] : rows[1] + 1].zero_()
         self.encoder.scrub(self.streams[s.stream_id].encoder)
+
+    def _map(self, slot: int, frames: list[int] | None) -> None:
+        """Point the slot's two table rows at ``frames`` (half each, from position 0), every
+        other position at the row's trash frame; ``None``: the trash frame only."""
+        rows = self.table[2 * slot : 2 * slot + 2]
+        rows[0], rows[1] = 2 * slot, 2 * slot + 1
+        if frames is not None:
+            half = len(frames) // 2
+            rows[:, :half] = torch.tensor(frames).view(2, half)
+        self.estimator.table[2 * slot : 2 * slot + 2].copy_(to_device(rows, self.device))
 
     def _highest_slot(self) -> int:
         return max((i for i, o in enumerate(self.owner) if o is not None), default=-1)
 
     def _move(self, src: int, dst: int) -> None:
-        est = self.estimator
-        for buf in (est.k, est.v, est.conv):
-            buf[:, :, 2 * dst : 2 * dst + 2].copy_(buf[:, :, 2 * src : 2 * src + 2])
         moved = self.owner[src]
         assert moved is not None
+        conv = self.estimator.conv
+        conv[:, :, 2 * dst : 2 * dst + 2].copy_(conv[:, :, 2 * src : 2 * src + 2])
+        self._map(dst, self.streams[moved.stream_id].pool_frames)
+        self._map(src, None)
         self.owner[dst], self.owner[src] = moved, None
         moved.slot = dst
         self.slot_moves += 1
+
+    def prompt_frames_of(self, s: StreamState) -> torch.Tensor:
+        """The pool frames of the stream's prompt positions, both rows: [2 * prompt] (device)."""
+        d, p = self.streams[s.stream_id], s.prompt_frames
+        half = len(d.pool_frames) // 2
+        frames = d.pool_frames[:p] + d.pool_frames[half : half + p]
+        return to_device(torch.tensor(frames), self.device)
+
+    def prompt_kv(self, s: StreamState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stream's prompt keys and values as [steps, depth, 2 rows, heads, prompt, head_dim]
+        (copies), the layout of the reference's estimator cache."""
+        frames, p = self.prompt_frames_of(s), s.prompt_frames
+        est = self.estimator
+
+        def rows(pool: torch.Tensor) -> torch.Tensor:
+            t = pool.index_select(2, frames)  # [steps, depth, 2p, H, D]
+            return t.view(est.steps, est.depth, 2, p, est.heads, est.head_dim).transpose(3, 4)
+
+        return rows(est.k), rows(est.v)
 
     # cold setup
     @torch.inference_mode()
@@ -222,34 +285,46 @@ class Runner:
     @torch.inference_mode()
     def copy_setup(self, leader: StreamState, s: StreamState) -> None:
         """A stream of the same voice as ``leader``, set up in this step, starts from its copy
-        (slot to slot: the leader's caches are read in place)."""
-        self._restore(s, self._snapshot(leader, copy=False))
+        (frame to frame: the leader's caches are read in place)."""
+        pools = (self.estimator.k, self.estimator.v)
+        src, dst = self.prompt_frames_of(leader), self.prompt_frames_of(s)
+        for pool in pools:
+            _copy_frames(pool, src, pool, dst)
+        lead = self.streams[leader.stream_id].encoder
+        self._started(s, self._conv_rows(leader), self.encoder.export_state(lead, copy=False))
 
-    def _snapshot(self, s: StreamState, copy: bool = True) -> VoiceSetup:
-        """The stream's set-up caches: a copy, or views of its slot with ``copy=False``."""
-        est, p, rows = self.estimator, s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)
-        parts = [est.k[:, :, rows, :, :p], est.v[:, :, rows, :, :p], est.conv[:, :, rows]]
-        if copy:
-            parts = [t.clone() for t in parts]
-        encoder = self.encoder.export_state(self.streams[s.stream_id].encoder, copy)
-        k, v, conv = parts
-        return VoiceSetup(k, v, conv, encoder)
+    def _snapshot(self, s: StreamState) -> VoiceSetup:
+        """A copy of the stream's set-up caches."""
+        frames = self.prompt_frames_of(s)
+        k, v = (t.index_select(2, frames) for t in (self.estimator.k, self.estimator.v))
+        encoder = self.encoder.export_state(self.streams[s.stream_id].encoder, copy=True)
+        return VoiceSetup(k, v, self._conv_rows(s).clone(), encoder)
 
     def _restore(self, s: StreamState, entry: VoiceSetup) -> None:
-        est, p, rows = self.estimator, s.prompt_frames, slice(2 * s.slot, 2 * s.slot + 2)
-        est.k[:, :, rows, :, :p].copy_(entry.k)
-        est.v[:, :, rows, :, :p].copy_(entry.v)
-        est.conv[:, :, rows].copy_(entry.conv)
+        frames = self.prompt_frames_of(s)
+        for pool, src in ((self.estimator.k, entry.k), (self.estimator.v, entry.v)):
+            for step in range(pool.shape[0]):  # staging-free: the entry's frames go in place
+                pool[step].index_copy_(1, frames, src[step])
+        self._started(s, entry.conv, entry.encoder)
+
+    def _conv_rows(self, s: StreamState) -> torch.Tensor:
+        return self.estimator.conv[:, :, 2 * s.slot : 2 * s.slot + 2]
+
+    def _started(self, s: StreamState, conv: torch.Tensor, encoder: EncoderState) -> None:
+        """The rest of a copied set-up: conv rows, the encoder's caches, the frame map."""
+        self._conv_rows(s).copy_(conv)
         d = self.streams[s.stream_id]
         d.frames.setup()
-        self.encoder.import_state(d.encoder, entry.encoder)
+        self.encoder.import_state(d.encoder, encoder)
 
     def _adopt(self, j: int, start: int, s: StreamState) -> None:
         """Copy the ``j``-th prompt of a packed setup (keys and values at ``start``, conv
-        caches in conv rows ``2j, 2j + 1``) into the stream's slot."""
+        caches in conv rows ``2j, 2j + 1``) into the stream's frames and conv rows."""
         a, b, p, dst = self.setup_estimator, self.estimator, s.prompt_frames, s.slot
-        for sbuf, dbuf in ((a.k, b.k), (a.v, b.v)):  # [steps, depth, 2 slots, H, T, D]
-            dbuf[:, :, 2 * dst : 2 * dst + 2, :, :p].copy_(sbuf[:, :, 0:2, :, start : start + p])
+        src = a.table[0:2, start : start + p].reshape(-1)
+        frames = self.prompt_frames_of(s)
+        for sbuf, dbuf in ((a.k, b.k), (a.v, b.v)):
+            _copy_frames(sbuf, src, dbuf, frames)
         b.conv[:, :, 2 * dst : 2 * dst + 2].copy_(a.conv[:, :, 2 * j : 2 * j + 2])
 
     @staticmethod
@@ -368,6 +443,44 @@ class Runner:
         """Capture the whole grid: decode solves, setup solves, then the vocoder (a failed
         capture stops all later ones, so the solves, which matter most, go first)."""
         return self.graphs.precapture(("decode", "setup", "hift", "hift_tail"))
+
+
+def kv_frame_nbytes(
+    flow: CausalMaskedDiffWithXvec, steps: int, cache_dtype: torch.dtype | None
+) -> int:
+    """Device bytes of one key/value pool frame: keys and values of every step and block."""
+    est = flow.decoder.estimator
+    attn = est.blocks[0].attn
+    dtype = cache_dtype or next(est.parameters()).dtype
+    return 2 * steps * len(est.blocks) * attn.num_heads * attn.head_dim * dtype.itemsize
+
+
+def kv_pool_frames(config: EngineConfig, frame_nbytes: int) -> int:
+    """Frames of the streams' key/value pool: ``cache_mib`` of them (less the rows' trash
+    frames), or as many as ``max_streams`` streams of the longest prompt use, whichever is
+    fewer. Raises ValueError when the budget cannot hold one stream of the longest prompt."""
+    longest = 2 * config.stream_frames(config.max_prompt_frames)
+    every_slot = config.max_streams * longest
+    if config.cache_mib is None:
+        return every_slot
+    frames = config.cache_mib * 2**20 // frame_nbytes - 2 * config.max_streams
+    if frames < longest:
+        least = -(-(longest + 2 * config.max_streams) * frame_nbytes // 2**20)
+        raise ValueError(
+            f"cache_mib {config.cache_mib} holds {max(frames, 0)} key/value frames; a stream "
+            f"of the longest prompt ({config.max_prompt_frames} frames) needs {longest}: "
+            f"give it at least {least} MiB, or shorten the prompts allowed"
+        )
+    return min(frames, every_slot)
+
+
+def _copy_frames(
+    src_pool: torch.Tensor, src: torch.Tensor, dst_pool: torch.Tensor, dst: torch.Tensor
+) -> None:
+    """Frames ``src`` of one pool to frames ``dst`` of another (or the same), one Euler step
+    at a time: the staging copy stays a tenth of the prompt's keys."""
+    for step in range(src_pool.shape[0]):
+        dst_pool[step].index_copy_(1, dst, src_pool[step].index_select(1, src))
 
 
 def compute_flow(flow: CausalMaskedDiffWithXvec, precision: str) -> CausalMaskedDiffWithXvec:

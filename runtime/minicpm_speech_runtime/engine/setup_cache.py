@@ -19,7 +19,7 @@ from .encoder import EncoderState
 class VoiceSetup:
     """One voice's caches right after its setup (prompt positions only)."""
 
-    k: torch.Tensor  # [steps, depth, 2 rows, heads, prompt frames, head_dim]
+    k: torch.Tensor  # [steps, depth, 2 rows x prompt frames, heads, head_dim]: pool frames
     v: torch.Tensor
     conv: torch.Tensor  # [steps, depth, 2 rows, 2, 2 * hidden]
     encoder: EncoderState  # the stream's encoder caches, copied

@@ -86,11 +86,12 @@ def _qkv_into_cache(
     Q,
     KC,
     VC,
+    TABLE,
     WP,
     frames,
-    sc_r,
+    positions,
+    sc_p,
     sc_h,
-    sc_t,
     eps,
     HEADS: tl.constexpr,
     D: tl.constexpr,
@@ -114,7 +115,8 @@ def _qkv_into_cache(
     q = _row_norm(q, m, D, eps) * qw + qb
     k = _row_norm(k, m, D, eps) * kw + kb
     tl.store(Q + ((r * HEADS + hs) * frames + f) * D + ds, q, mask=m)  # [R, H, F, D]
-    dst = r * sc_r + hs * sc_h + tl.load(WP + n) * sc_t + ds  # the cache's [R, H, T, D]
+    frame = tl.load(TABLE + r * positions + tl.load(WP + n))  # the pool frame of that position
+    dst = frame * sc_p + hs * sc_h + ds  # the pool's [P, H, D]
     tl.store(KC + dst, k, mask=m)
     tl.store(VC + dst, v, mask=m)
 
@@ -126,20 +128,22 @@ def qkv_into_cache(
     q_norm: tuple[torch.Tensor, torch.Tensor],
     k_norm: tuple[torch.Tensor, torch.Tensor],
     eps: float,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    table: torch.Tensor,
     write_pos: torch.Tensor,
 ) -> torch.Tensor:
-    """q [R, H, F, D]; k and v written into the caches [R, H, T, D] at ``write_pos`` [R, F]."""
+    """q [R, H, F, D]; k and v written into the pools [P, H, D] at the frames ``table`` [R, T]
+    maps each row's ``write_pos`` [R, F] to."""
     r, f, _ = qkv.shape
-    qkv, write_pos = qkv.contiguous(), write_pos.contiguous()
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    qkv, write_pos, table = qkv.contiguous(), write_pos.contiguous(), table.contiguous()
+    assert k_pool.stride() == v_pool.stride() and k_pool.stride(2) == 1
     q = torch.empty(r, heads, f, head_dim, device=qkv.device, dtype=qkv.dtype)
     bh, bd = triton.next_power_of_2(heads), triton.next_power_of_2(head_dim)
-    sr, sh, st, _ = k_cache.stride()
+    sp, sh, _ = k_pool.stride()
     _qkv_into_cache[(r * f,)](
-        qkv, *q_norm, *k_norm, q, k_cache, v_cache, write_pos, f, sr, sh, st, eps,
-        heads, head_dim, bh, bd,
+        qkv, *q_norm, *k_norm, q, k_pool, v_pool, table, write_pos, f, table.shape[1], sp, sh,
+        eps, heads, head_dim, bh, bd,
     )  # fmt: skip
     return q
 
@@ -149,14 +153,14 @@ def _attention(
     Q,
     KC,
     VC,
+    TABLE,
     BIAS,
     RANGE,
     OUT,
     frames,
     keys,
-    sc_r,
+    sc_p,
     sc_h,
-    sc_t,
     HEADS: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
@@ -185,11 +189,11 @@ def _attention(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    base = r * sc_r + h * sc_h
     for start in range(lo - lo % BN, hi, BN):
         ts = start + tl.arange(0, BN)
         tm = ts < keys
-        kv = base + ts[:, None] * sc_t + ds[None, :]
+        frame = tl.load(TABLE + r * keys + ts, mask=tm, other=0)  # each key's pool frame
+        kv = frame[:, None] * sc_p + h * sc_h + ds[None, :]
         k = tl.load(KC + kv, mask=tm[:, None], other=0.0).to(tl.float32)  # bf16 caches too
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s += tl.load(BIAS + r * keys + ts, mask=tm, other=float("-inf"))[None, :]
@@ -223,30 +227,32 @@ def attention_tiles(frames: int, per_query: bool) -> Tiles:
 
 def attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    table: torch.Tensor,
     key_bias: torch.Tensor,
     key_range: torch.Tensor,
     tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T + bias) v over each row's keys ``[lo, hi)`` -> [R, F, H * D].
 
+    Row r's key at position t is frame ``table[r, t]`` of the pools [P, H, D].
     ``key_range`` [R, 2]: keys outside it must be masked in ``key_bias`` (they are skipped);
     or [R, F, 2], a range per frame (keys outside a frame's range are masked here).
     Matmuls in TF32 exactly when torch's are (``allow_tf32``), as the torch path.
     ``tiles`` overrides :func:`attention_tiles` (to compare them).
     """
     r, h, f, d = q.shape
-    t = k_cache.shape[2]
-    assert q.is_contiguous() and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    t = table.shape[1]
+    assert q.is_contiguous() and k_pool.stride() == v_pool.stride() and k_pool.stride(2) == 1
     out = torch.empty(r, f, h * d, device=q.device, dtype=q.dtype)
     bias = key_bias.reshape(r, t).contiguous()
     precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
     per_query = key_range.dim() == 3
     bm, bn, warps, stages = tiles or attention_tiles(f, per_query)
-    sr, sh, st, _ = k_cache.stride()
+    sp, sh, _ = k_pool.stride()
     _attention[(triton.cdiv(f, bm), r * h)](
-        q, k_cache, v_cache, bias, key_range.contiguous(), out, f, t, sr, sh, st,
+        q, k_pool, v_pool, table.contiguous(), bias, key_range.contiguous(), out, f, t, sp, sh,
         h, d, bm, bn, precision, per_query, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

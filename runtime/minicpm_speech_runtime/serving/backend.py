@@ -450,8 +450,8 @@ class Code2WavBackend:
         return handle
 
     def _admit(self) -> None:
-        """Start waiting streams, oldest first, while the engine has slots."""
-        while self._waiting and self.engine.free_slots > 0:
+        """Start waiting streams, oldest first, while the engine has room for the oldest."""
+        while self._waiting and self.engine.admits(next(iter(self._waiting.values())).voice):
             sid, w = self._waiting.popitem(last=False)
             self.engine.add_stream(sid, w.voice)
             self._unstarted.add(sid)
