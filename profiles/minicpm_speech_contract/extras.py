@@ -34,6 +34,15 @@ ENGINE_LOOKAHEAD_TOKENS = 3
 #   bf16: the encoder's and the DiT's weights, activations and caches in bfloat16; the
 #   solver's state stays fp32, and the fused kernels compute norms and softmax in fp32.
 PRECISIONS = ("fp32", "bf16-cache", "bf16")
+# How much estimator cache a stream holds: its prompt (50 mel frames a second, 10 s at most
+# unless ref_audio_max_seconds says otherwise), the 100 frames of history the reference keeps
+# after it, and one chunk being added (25 + 3 tokens, 2 frames each); two CFG rows of each.
+PROMPT_FRAMES_PER_SECOND = 50
+ENGINE_MAX_PROMPT_FRAMES = 500
+ENGINE_HISTORY_FRAMES = 100
+# MiniCPM-o 4.5's Code2Wav DiT: 16 blocks whose attention is 512 wide (8 heads of 64). A
+# cached frame of one CFG row holds its keys and values for every solver step and block.
+DIT_BLOCKS, DIT_ATTENTION_WIDTH = 16, 512
 
 Kind = Literal["boolean", "integer", "number", "string", "integer-list", "any"]
 _MESSAGE_CAP = 200
@@ -129,6 +138,11 @@ EXTRAS: tuple[Extra, ...] = (
           "conv caches in bfloat16, half their memory; compute stays fp32); or bf16 (the "
           "encoder and the DiT in bfloat16, caches too). HiFT stays fp32 in every mode.",
           choices=PRECISIONS),
+    Extra("token2wav_cache_mib", "integer",
+          "Device memory (MiB) for the batched engine's estimator keys and values. Each stream "
+          "takes what its own prompt needs and waits when the pool is full; unset, the pool "
+          "holds every stream at the longest prompt allowed.",
+          minimum=1, maximum=1048576),
     Extra("token2wav_runtime_prompt_cache_size", "integer",
           "Prepared prompts vLLM-Omni's own Code2Wav keeps.", reader="vllm-omni",
           minimum=0, maximum=4096),
@@ -181,6 +195,7 @@ class Code2WavExtras:
     codec_left_context_frames: int = ENGINE_LOOKAHEAD_TOKENS
     token2wav_n_timesteps: int = 10
     token2wav_precision: str = "fp32"
+    token2wav_cache_mib: int | None = None
     token2wav_runtime_prompt_cache_size: int | None = None
     token2wav_setup_cache_size: int | None = None
     code2wav_min_batch_size: int = 1
@@ -196,12 +211,47 @@ class Code2WavExtras:
             given["setup_graph_batch_sizes"] = tuple(given["setup_graph_batch_sizes"])
         return cls(**given)
 
+    @property
+    def max_prompt_frames(self) -> int:
+        """Frames of the longest prompt the engine takes: ``ref_audio_max_seconds`` of mel
+        (rounded up to whole tokens), or 10 s."""
+        if self.ref_audio_max_seconds is None:
+            return ENGINE_MAX_PROMPT_FRAMES
+        frames = int(-(-self.ref_audio_max_seconds * PROMPT_FRAMES_PER_SECOND // 1))
+        return max(2, frames + frames % 2)
+
+    def cache_mib_needed(self) -> int:
+        """The least ``token2wav_cache_mib`` that holds one stream of the longest prompt."""
+        return cache_mib_for(1, self.max_prompt_frames, self.token2wav_n_timesteps,
+                             self.token2wav_precision)
+
     def as_dict(self) -> dict[str, Any]:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
                 for f in dataclasses.fields(self)}
 
 
 DEFAULTS = Code2WavExtras()
+
+
+def kv_frame_bytes(n_timesteps: int, precision: str, blocks: int = DIT_BLOCKS,
+                   width: int = DIT_ATTENTION_WIDTH) -> int:
+    """Bytes of one cached frame of one CFG row: keys and values of every step and block."""
+    return 2 * n_timesteps * blocks * width * (4 if precision == "fp32" else 2)
+
+
+def stream_cache_frames(prompt_frames: int) -> int:
+    """Cached frames of one CFG row of a stream of this prompt: the prompt, the history kept
+    after it and one chunk being added."""
+    chunk = 2 * (ENGINE_CHUNK_TOKENS + ENGINE_LOOKAHEAD_TOKENS)
+    return prompt_frames + ENGINE_HISTORY_FRAMES + chunk
+
+
+def cache_mib_for(streams: int, prompt_frames: int, n_timesteps: int, precision: str,
+                  blocks: int = DIT_BLOCKS, width: int = DIT_ATTENTION_WIDTH) -> int:
+    """The ``token2wav_cache_mib`` that holds ``streams`` streams of ``prompt_frames``-frame
+    prompts at once (both CFG rows of each): size it by the voices served, not the longest."""
+    frames = streams * 2 * stream_cache_frames(prompt_frames)
+    return -(-frames * kv_frame_bytes(n_timesteps, precision, blocks, width) // 2**20)
 
 
 class Problem(NamedTuple):
@@ -319,6 +369,14 @@ def _rules(settings: Code2WavExtras, given: Mapping[str, Any]) -> Iterator[Probl
             f"setup graph batch size {max(too_big)} is larger than micro_batch_size {micro}",
             "Drop setup graph batch sizes above micro_batch_size or raise micro_batch_size;"
             " such graphs never run and use up the CUDA-graph budget.")
+    cache, needed = settings.token2wav_cache_mib, settings.cache_mib_needed()
+    if cache is not None and cache < needed:
+        yield Problem(
+            ("token2wav_cache_mib", "ref_audio_max_seconds", "token2wav_n_timesteps"),
+            f"token2wav_cache_mib {cache} cannot hold one stream of the longest prompt "
+            f"({settings.max_prompt_frames} frames at {settings.token2wav_n_timesteps} steps, "
+            f"{settings.token2wav_precision}), which needs {needed}",
+            f"Raise token2wav_cache_mib to at least {needed}, or lower ref_audio_max_seconds.")
     initial, minimum = settings.code2wav_initial_batch_size, settings.code2wav_min_batch_size
     if initial and initial < minimum:
         yield Problem(

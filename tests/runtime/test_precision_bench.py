@@ -20,16 +20,28 @@ def test_every_mode_gets_a_row_per_concurrency_with_its_fidelity(
         "--generate", "tiny", "--conc", "2", "--window", "0.3", "--voices", "2",
         "--fidelity-voices", "2", "--fidelity-tokens", "40", "--mode", "fp32:",
         "--mode", "bf16-cache:precision=bf16-cache,n_timesteps=5",
+        "--mode", "fp32-pool:pool_prompt_s=mean",
         "--git-rev", "test", "--json", str(out), "--png", str(png),
     ])  # fmt: skip
     doc = json.loads(out.read_text())
     rows = doc["rows"]
-    assert [(r["mode"], r["concurrency"]) for r in rows] == [("fp32", 2), ("bf16-cache", 2)]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [
+        ("fp32", 2), ("bf16-cache", 2), ("fp32-pool", 2)]
     assert all(set(r) == set(ROW_FIELDS) for r in rows)
-    fp32, bf16 = rows
+    fp32, bf16, pooled = rows
     assert fp32["flow_snr_db"] == "inf"  # the reference itself: identical
     assert (bf16["precision"], bf16["n_timesteps"]) == ("bf16-cache", 5)
     assert bf16["flow_snr_db"] < 100  # five steps: a real change
     assert all(r["audio_s_per_s"] > 0 and r["captures_after_warmup"] == 0 for r in rows)
+    # the pool holds two streams of the voices' mean prompt, not two of the longest allowed
+    assert fp32["cache_mib"] is None and pooled["cache_mib"] > 0
+    assert pooled["estimator_cache_gib"] < fp32["estimator_cache_gib"]
+    assert pooled["pcm_snr_db"] == "inf"  # the same fp32 arithmetic, read through the table
     assert png.stat().st_size > 10_000
     assert "bf16-cache" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["", "x", "0", "-1", "99"])
+def test_a_pool_size_that_is_no_prompt_length_is_refused_naming_the_key(value: str) -> None:
+    with pytest.raises(SystemExit, match="pool_prompt_s is seconds"):
+        precision_bench.parse_mode(f"pool:pool_prompt_s={value}")

@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -179,6 +180,9 @@ class Loop:
         self.chunk: list[float] = []
         self.samples = 0
         self.window_start = 0
+        # arrived streams the engine has no cache frames for yet; their first audio counts
+        # the wait
+        self.waiting: collections.deque[tuple[int, Any]] = collections.deque()
 
     def new_stream(self) -> tuple[int, Any]:
         sid = self.next
@@ -368,9 +372,11 @@ def _engine_loop(
         steps += 1
         if len(live) == conc:
             ramp = None
-        room = conc - len(live)
+        room = conc - len(live) - len(loop.waiting)
         for _ in range(room if ramp is None else min(room, ramp)):
-            sid, voice = loop.new_stream()
+            loop.waiting.append(loop.new_stream())
+        while loop.waiting and eng.admits(loop.waiting[0][1]):
+            sid, voice = loop.waiting.popleft()
             eng.add_stream(sid, voice)
             live.add(sid)
         for sid in live:

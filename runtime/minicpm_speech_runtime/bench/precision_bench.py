@@ -4,7 +4,8 @@ fidelity against the fp32 engine from ``fidelity``, on the same random weights a
 
 Every engine is freed before the next is built. Rows (``rows`` in the JSON): ``mode``,
 ``precision``, ``n_timesteps``, ``concurrency``, ``audio_s_per_s``, ``first_audio_p95_ms``,
-``peak_mem_gib``, ``flow_snr_db``, ``mel_snr_db``, ``pcm_snr_db``, ``captures_after_warmup``;
+``peak_mem_gib``, ``flow_snr_db``, ``mel_snr_db``, ``pcm_snr_db``, ``captures_after_warmup``,
+``cache_mib`` and ``estimator_cache_gib``;
 the fidelity figures are per mode (``--fidelity-voices`` whole streams at up to 32 at once).
 The PNG plots audio-s/s and peak memory against C for each mode.
 
@@ -22,32 +23,80 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from minicpm_speech_contract.extras import PROMPT_FRAMES_PER_SECOND, cache_mib_for
 
-from ..assets import load_code2wav
+from ..assets import Code2WavModels, load_code2wav
 from ..engine import EngineConfig
+from ..engine.runner import dit_dims
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
-from .engine_bench import bench_voices, finish_plot, matmul_peak, run_engine
+from .engine_bench import (
+    bench_voices,
+    finish_plot,
+    matmul_peak,
+    mean_prompt_frames,
+    run_engine,
+)
 from .fidelity import fidelity, json_safe, parse_candidate
 from .parity import utterance
 
 ROW_FIELDS = ("mode", "precision", "n_timesteps", "concurrency", "audio_s_per_s",
               "first_audio_p95_ms", "peak_mem_gib", "flow_snr_db", "mel_snr_db", "pcm_snr_db",
-              "captures_after_warmup")
+              "captures_after_warmup", "cache_mib", "estimator_cache_gib")
+
+
+POOL_KEY = "pool_prompt_s"
+
+
+def parse_mode(text: str) -> tuple[str, dict[str, Any]]:
+    """A ``--mode``: :func:`~.fidelity.parse_candidate`'s ``name:key=value,...``, and
+    ``pool_prompt_s=S`` (or ``=mean``) to size the key/value pool (``cache_mib``) for C
+    streams of S-second prompts (of the bench voices' mean prompt) instead of the longest."""
+    name, _, body = text.partition(":")
+    items = body.split(",")
+    pool = [i.partition("=")[2] for i in items if i.startswith(POOL_KEY + "=")]
+    rest = ",".join(i for i in items if not i.startswith(POOL_KEY + "="))
+    name, overrides = parse_candidate(f"{name}:{rest}")
+    if pool:
+        value = pool[-1]
+        try:
+            ok = value == "mean" or 0 < float(value) <= 60
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SystemExit(f"--mode {text[:80]!r}: {POOL_KEY} is seconds (0-60] or 'mean'")
+        overrides[POOL_KEY] = value
+    return name, overrides
+
+
+def engine_overrides(overrides: dict[str, Any], models: Code2WavModels, streams: int,
+                     voices: list[Any]) -> dict[str, Any]:
+    """The mode's ``EngineConfig`` fields for ``streams`` streams of these voices: a pool
+    sized by ``pool_prompt_s``, and never below one stream of the longest prompt."""
+    fields = {k: v for k, v in overrides.items() if k != POOL_KEY}
+    if POOL_KEY in overrides:
+        value = overrides[POOL_KEY]
+        frames = (mean_prompt_frames(voices) if value == "mean"
+                  else round(float(value) * PROMPT_FRAMES_PER_SECOND))
+        cfg, dims = EngineConfig(**fields), dit_dims(cast(Any, models.flow))
+        fields["cache_mib"] = max(
+            cache_mib_for(n, f, cfg.n_timesteps, cfg.precision, *dims)
+            for n, f in ((streams, frames), (1, cfg.max_prompt_frames)))
+    return fields
 
 
 def rows_of(mode: str, overrides: dict[str, Any], runs: dict[int, dict[str, Any]],
             figures: dict[str, Any]) -> list[dict[str, Any]]:
-    cfg = EngineConfig(**overrides)
     return [{
-        "mode": mode, "precision": cfg.precision, "n_timesteps": cfg.n_timesteps,
+        "mode": mode, "precision": r["config"].precision, "n_timesteps": r["config"].n_timesteps,
         "concurrency": c, "audio_s_per_s": r["audio_s_per_s"],
         "first_audio_p95_ms": r["first_audio_p95_ms"], "peak_mem_gib": r["peak_mem_gib"],
         "flow_snr_db": figures["flow_snr_db"], "mel_snr_db": figures["mel_snr_db"],
         "pcm_snr_db": figures["pcm_snr_db"],
         "captures_after_warmup": r["cuda_graph_captures_after_warmup"],
+        "cache_mib": r["config"].cache_mib, "estimator_cache_gib": r["estimator_cache_gib"],
     } for c, r in sorted(runs.items())]
 
 
@@ -91,8 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--voices", type=int, default=16)
     p.add_argument("--fidelity-voices", type=int, default=32)
     p.add_argument("--fidelity-tokens", type=int, default=250)
-    p.add_argument("--mode", action="append", default=[], type=parse_candidate,
-                   help="name:EngineConfig overrides, e.g. bf16-cache:precision=bf16-cache")
+    p.add_argument("--mode", action="append", default=[], type=parse_mode,
+                   help="name:EngineConfig overrides, e.g. bf16-cache:precision=bf16-cache; "
+                        "pool_prompt_s=S|mean sizes cache_mib for C streams of such prompts")
     p.add_argument("--graphs", choices=("on", "off"), default="on")
     p.add_argument("--git-rev", default="")
     p.add_argument("--json", type=Path, required=True)
@@ -109,15 +159,21 @@ def main(argv: list[str] | None = None) -> None:
     peak = matmul_peak()["tf32_tflops"] if device == "cuda" else 1.0
     concs = [int(c) for c in a.conc.split(",") if c]
     fid_streams = min(32, a.fidelity_voices)
+    fid_voices = voices[: a.fidelity_voices]
     figures = {f["candidate"]: f for f in fidelity(
-        models, voices[: a.fidelity_voices],
+        models, fid_voices,
         [utterance(a.fidelity_tokens, 100 + i) for i in range(a.fidelity_voices)],
-        modes, {"max_streams": fid_streams, "micro_batch": min(8, fid_streams)},
+        {m: engine_overrides(o, models, fid_streams, fid_voices) for m, o in modes.items()},
+        {"max_streams": fid_streams, "micro_batch": min(8, fid_streams)},
     )}
     rows: list[dict[str, Any]] = []
     for mode, overrides in modes.items():
-        runs = {c: run_engine(models, voices[: a.voices], c, a.window, peak, a.graphs == "on",
-                              True, **overrides) for c in concs}
+        runs = {}
+        for c in concs:
+            fields = engine_overrides(overrides, models, c, voices[: a.voices])
+            runs[c] = run_engine(models, voices[: a.voices], c, a.window, peak,
+                                 a.graphs == "on", True, **fields)
+            runs[c]["config"] = EngineConfig(**fields)
         rows += rows_of(mode, overrides, runs, figures[mode])
     print(table(rows))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"

@@ -7,18 +7,21 @@ from dataclasses import dataclass
 from minicpm_speech_contract.extras import (
     DEFAULTS,
     ENGINE_CHUNK_TOKENS,
+    ENGINE_HISTORY_FRAMES,
     ENGINE_LOOKAHEAD_TOKENS,
+    ENGINE_MAX_PROMPT_FRAMES,
     PRECISIONS,
+    stream_cache_frames,
 )
 
 CODEBOOK_SIZE = 6561  # speech token ids 0..6560; 6561 is the Talker's EOS and never a token here
 # The contract promises these to deploy configs (codec_chunk_frames, codec_left_context_frames).
 CHUNK_TOKENS = ENGINE_CHUNK_TOKENS  # tokens consumed per chunk (1 s of audio at 25 Hz)
 LOOKAHEAD_TOKENS = ENGINE_LOOKAHEAD_TOKENS  # the encoder's pre-lookahead, kept until the end
-MAX_PROMPT_FRAMES = 500  # a 10 s reference at 50 mel frames a second
+MAX_PROMPT_FRAMES = ENGINE_MAX_PROMPT_FRAMES  # a 10 s reference at 50 mel frames a second
 MIN_PROMPT_TOKENS = 2  # a prompt's encoder lookahead cache needs two frames to continue from
 PROMPT_PAD_TOKEN = 4218  # the reference pads the prompt's lookahead with this (silence) token
-HISTORY_FRAMES = 100  # the reference keeps prompt + 100 frames of estimator/encoder history
+HISTORY_FRAMES = ENGINE_HISTORY_FRAMES  # the reference keeps prompt + 100 frames of history
 
 
 @dataclass(slots=True)
@@ -118,7 +121,7 @@ class EngineConfig:
     def stream_frames(self, prompt_frames: int) -> int:
         """Cache positions a stream of this prompt ever holds: its prompt, the history kept
         after it, and one chunk being added (:class:`~.state.FrameMap`)."""
-        return prompt_frames + HISTORY_FRAMES + self.max_chunk_frames
+        return stream_cache_frames(prompt_frames)
 
     @property
     def setup_cache_frames(self) -> int:

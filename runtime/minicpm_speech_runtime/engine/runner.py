@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
+from minicpm_speech_contract.extras import kv_frame_bytes
 
 from ..assets import Code2WavModels
 from .config import (
@@ -83,7 +84,7 @@ class Runner:
         self.compute_flow = compute_flow(self.flow, config.precision)
         # frames [0, 2 * max_streams) are the rows' own trash frames, the rest the streams'
         rows = 2 * config.max_streams
-        per_frame = kv_frame_nbytes(self.compute_flow, steps, cache_dtype)
+        per_frame = kv_frame_nbytes(self.compute_flow, config)
         self.pool = FramePool(rows, kv_pool_frames(config, per_frame))
         self.estimator = BatchedEstimator(
             self.compute_flow.decoder, config.max_streams, config.cache_frames, steps,
@@ -445,31 +446,34 @@ class Runner:
         return self.graphs.precapture(("decode", "setup", "hift", "hift_tail"))
 
 
-def kv_frame_nbytes(
-    flow: CausalMaskedDiffWithXvec, steps: int, cache_dtype: torch.dtype | None
-) -> int:
-    """Device bytes of one key/value pool frame: keys and values of every step and block."""
+def dit_dims(flow: CausalMaskedDiffWithXvec) -> tuple[int, int]:
+    """The DiT's blocks and attention width, what a cached frame's size depends on."""
     est = flow.decoder.estimator
     attn = est.blocks[0].attn
-    dtype = cache_dtype or next(est.parameters()).dtype
-    return 2 * steps * len(est.blocks) * attn.num_heads * attn.head_dim * dtype.itemsize
+    return len(est.blocks), attn.num_heads * attn.head_dim
+
+
+def kv_frame_nbytes(flow: CausalMaskedDiffWithXvec, config: EngineConfig) -> int:
+    """Device bytes of one key/value pool frame of this flow's DiT in the config's precision."""
+    return kv_frame_bytes(config.n_timesteps, config.precision, *dit_dims(flow))
 
 
 def kv_pool_frames(config: EngineConfig, frame_nbytes: int) -> int:
-    """Frames of the streams' key/value pool: ``cache_mib`` of them (less the rows' trash
-    frames), or as many as ``max_streams`` streams of the longest prompt use, whichever is
-    fewer. Raises ValueError when the budget cannot hold one stream of the longest prompt."""
+    """Frames of the streams' key/value pool: ``cache_mib`` of them, or as many as
+    ``max_streams`` streams of the longest prompt use, whichever is fewer (the rows' trash
+    frames come on top). Raises ValueError when the budget cannot hold one stream of the
+    longest prompt; the contract's ``cache_mib_needed`` says the same of a profile."""
     longest = 2 * config.stream_frames(config.max_prompt_frames)
     every_slot = config.max_streams * longest
     if config.cache_mib is None:
         return every_slot
-    frames = config.cache_mib * 2**20 // frame_nbytes - 2 * config.max_streams
+    frames = config.cache_mib * 2**20 // frame_nbytes
     if frames < longest:
-        least = -(-(longest + 2 * config.max_streams) * frame_nbytes // 2**20)
+        least = -(-longest * frame_nbytes // 2**20)
         raise ValueError(
-            f"cache_mib {config.cache_mib} holds {max(frames, 0)} key/value frames; a stream "
-            f"of the longest prompt ({config.max_prompt_frames} frames) needs {longest}: "
-            f"give it at least {least} MiB, or shorten the prompts allowed"
+            f"cache_mib {config.cache_mib} holds {frames} key/value frames; a stream of the "
+            f"longest prompt ({config.max_prompt_frames} frames) needs {longest}: give it "
+            f"at least {least} MiB (token2wav_cache_mib), or allow shorter prompts"
         )
     return min(frames, every_slot)
 

@@ -16,11 +16,9 @@ import torch
 from minicpm_speech_contract.extras import Code2WavExtras, first_problem
 
 from ..engine import EngineConfig
-from ..engine.config import MAX_PROMPT_FRAMES
 from ..voice.device import PreparedVoice
 
 DEFAULT_MAX_STREAMS = 8
-PROMPT_FRAMES_PER_SECOND = 50  # 25 Hz tokens, 2 mel frames each
 # vLLM-Omni ends its requests itself (``on_requests_finished`` drops the state, whose handle
 # then cancels the stream), so the engine's idle timeout only backstops a state never let go.
 # At the engine's default of 30 s it cut live requests whose next window was merely slow to
@@ -42,7 +40,8 @@ def engine_config(
     ``enable_cfm_graph`` -> ``cuda_graphs`` (CUDA only), ``enable_hift_graph`` ->
     ``vocoder_graphs`` (default on), ``token2wav_setup_cache_size`` -> ``setup_cache_voices``
     (0 turns the engine's setup cache off), ``token2wav_n_timesteps`` ->
-    ``n_timesteps``, ``token2wav_precision`` -> ``precision``, ``ref_audio_max_seconds`` ->
+    ``n_timesteps``, ``token2wav_precision`` -> ``precision``, ``token2wav_cache_mib`` ->
+    ``cache_mib``, ``ref_audio_max_seconds`` ->
     ``max_prompt_frames``. ``max_streams`` is the
     stage's ``max_num_seqs``, and bounds ``micro_batch`` too; when the stage does not say, it
     is 8 or ``micro_batch_size`` if larger.
@@ -55,19 +54,16 @@ def engine_config(
         raise UnsupportedOption(problem.line())
     settings = Code2WavExtras.of(extras)
     micro = settings.micro_batch_size
-    frames = MAX_PROMPT_FRAMES
-    if settings.ref_audio_max_seconds is not None:
-        frames = int(-(-settings.ref_audio_max_seconds * PROMPT_FRAMES_PER_SECOND // 1))
-        frames = max(2, frames + frames % 2)
     # the stage's max_num_seqs is the capacity; a setup group never outgrows it
     streams = max_streams if max_streams is not None else max(micro, DEFAULT_MAX_STREAMS)
     micro = min(micro, streams)
     return EngineConfig(
         max_streams=streams,
-        max_prompt_frames=frames,
+        max_prompt_frames=settings.max_prompt_frames,
         micro_batch=micro,
         n_timesteps=settings.token2wav_n_timesteps,
         precision=settings.token2wav_precision,
+        cache_mib=settings.token2wav_cache_mib,
         tf32=settings.token2wav_allow_tf32,
         cuda_graphs=device.type == "cuda" and settings.enable_cfm_graph,
         precapture=settings.cfm_graph_precapture,
