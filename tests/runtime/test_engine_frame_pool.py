@@ -17,6 +17,7 @@ from minicpm_speech_runtime.bench.parity import (
     max_diff,
     reference_chunks,
     small_models,
+    step_once,
     utterance,
 )
 from minicpm_speech_runtime.bench.reference_driver import ReferenceDriver
@@ -66,11 +67,7 @@ def test_a_full_pool_holds_a_stream_back_until_one_leaves_with_parity(setup: Any
                     assert set(runner.streams["m"].pool_frames) & (held["s"] | held["l"])
                 else:
                     waited += 1
-            for out in eng.step():
-                if out.pcm.numel():
-                    got.setdefault(out.stream_id, []).append(out.pcm.numpy())
-                if out.finished:
-                    reasons[out.stream_id] = out.reason or ""
+            step_once(eng, got, reasons)
         driver = ReferenceDriver(small)
         want = {sid: reference_chunks(driver, sid, v, toks) for sid, (v, toks) in plan.items()}
     assert waited > 0 and reasons == {"s": "done", "l": "done", "m": "done"}

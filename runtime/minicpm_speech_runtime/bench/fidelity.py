@@ -43,7 +43,7 @@ from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..voice.device import PreparedVoice
 from ..voice.dsp import prompt_mel_24k
 from .engine_bench import new_engine
-from .parity import drain, fixed_nsf_noise, make_voices, utterance
+from .parity import fixed_nsf_noise, make_voices, step_once, utterance
 
 REFERENCE = {"tf32": False}  # the engine every candidate is held against: fp32 throughout
 EngineFactory = Callable[[Code2WavModels, dict[str, Any]], Code2WavEngine]
@@ -125,11 +125,14 @@ def stream_audio(
     eng.runner.mel_tap = tap
     pending = list(enumerate(zip(voices, utterances, strict=True)))
     with fixed_nsf_noise():
-        for _ in drain(eng, got, reasons):
+        # until the last waiting stream is done: streams that end in one step can leave the
+        # engine empty while others still wait for their cache frames
+        while pending or eng.num_streams:
             while pending and eng.admits(pending[0][1][0]):
                 i, (voice, tokens) = pending.pop(0)
                 eng.add_stream(i, voice)
                 eng.push_tokens(i, tokens, last=True)
+            step_once(eng, got, reasons)
     bad = {k: v for k, v in reasons.items() if v != "done"}
     if bad or len(got) != len(voices):
         raise RuntimeError(f"streams did not finish: {dict(list(bad.items())[:3])}")

@@ -114,12 +114,19 @@ def drain(
     step = 0
     while eng.num_streams or step < min_steps:
         yield step
-        for o in eng.step():
-            if o.pcm.numel():
-                out.setdefault(o.stream_id, []).append(o.pcm.numpy())
-            if o.finished:
-                reasons[o.stream_id] = o.reason or ""
+        step_once(eng, out, reasons)
         step += 1
+
+
+def step_once(eng: Code2WavEngine, out: dict[Any, list[np.ndarray]],
+              reasons: dict[Any, str]) -> None:
+    """One engine step; each stream's PCM goes to ``out``, a finished one's reason to
+    ``reasons``."""
+    for o in eng.step():
+        if o.pcm.numel():
+            out.setdefault(o.stream_id, []).append(o.pcm.numpy())
+        if o.finished:
+            reasons[o.stream_id] = o.reason or ""
 
 
 def max_diff(want: list[np.ndarray], got: list[np.ndarray]) -> float:
