@@ -4,7 +4,8 @@ warm-up and a burst of cold voices, TF32 off and on.
 
 Opt-in (``pytest -m gpu tests/runtime/test_conv_memory_gpu.py`` on a machine with CUDA): it
 runs ``bench/conv_memory.py``; ``CONV_MEMORY_JSON`` keeps its figures, ``CONV_MEMORY_BATCHES``
-(comma-separated) narrows the batches swept, ``CAMPPLUS_ONNX`` reuses an exported CAM++.
+(comma-separated) narrows the batches swept and ``CONV_MEMORY_EVERY_NTH`` the conv calls (every
+Nth; 1, the default, sweeps them all), ``CAMPPLUS_ONNX`` reuses an exported CAM++.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ MAX_STREAMS = 64
 def test_no_conv_asks_beyond_the_bound_and_the_allocator_never_retries(tmp_path: Path) -> None:
     out = Path(os.environ.get("CONV_MEMORY_JSON") or tmp_path / "conv-memory.json")
     argv = ["--generate", "real", "--max-streams", str(MAX_STREAMS), "--json", str(out),
-            "--batches", os.environ.get("CONV_MEMORY_BATCHES", "")]
+            "--batches", os.environ.get("CONV_MEMORY_BATCHES", ""),
+            "--every-nth-length", os.environ.get("CONV_MEMORY_EVERY_NTH", "1")]
     if os.environ.get("CAMPPLUS_ONNX"):
         argv += ["--campplus-onnx", os.environ["CAMPPLUS_ONNX"]]
     conv_memory.main(argv)

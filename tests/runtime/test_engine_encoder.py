@@ -242,3 +242,29 @@ def test_operator_count_does_not_grow_with_streams(models) -> None:  # type: ign
         return int(c.ops)
 
     assert count(2) == count(6)
+
+
+def test_rows_beyond_the_score_budget_run_in_several_calls_that_match_the_reference(
+    flow: Any, voices: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of long prompts must not ask for scores of every row at once: with a budget of
+    about one row's scores, three set-ups run as three calls, and their chunks still match."""
+    from minicpm_speech_runtime.engine import encoder as encoder_module
+
+    enc = BatchedEncoder(flow, torch.device("cpu"), 3, MAX_PROMPT)
+    calls: list[int] = []
+    inner = enc._encode
+
+    def counted(caches, *rest):  # type: ignore[no-untyped-def]
+        calls.append(len(caches))
+        return inner(caches, *rest)
+
+    monkeypatch.setattr(enc, "_encode", counted)
+    up_frames = enc.stride * _prompt(voices[2]).numel()  # the longest prompt's queries and keys
+    one_row = enc.heads * up_frames * up_frames * enc.att.element_size()
+    monkeypatch.setattr(encoder_module, "SCORES_BYTES", one_row)
+    streams = _setup(enc, flow, voices)
+    assert calls == [1, 1, 1]
+    calls.clear()
+    _step(enc, streams, [_chunk(40 + i) for i in range(3)])
+    assert calls == [3]  # a chunk's scores are small: every row in one call

@@ -37,6 +37,10 @@ from .config import HISTORY_FRAMES
 from .transfer import to_device
 
 LOOKAHEAD_CACHE = 2  # the reference's lookahead-conv cache (its second conv's kernel - 1)
+# The most one attention-score tensor of a call may take. A call's temporaries are one layer's
+# keys and a few score tensors; above this, its rows run in several calls. Decode chunks fit
+# in one call up to about 140 rows; a burst of long prompts' set-ups splits (see workspace.py).
+SCORES_BYTES = 160 << 20
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -196,6 +200,35 @@ class BatchedEncoder:
         b = len(caches)
         if not b or not len(tokens) == len(last) == len(prompt_frames) == b:
             raise ValueError("one token chunk, last flag and prompt length per cache")
+        rows = self.rows_per_call(caches, tokens)
+        if b <= rows:
+            return self._encode(caches, tokens, last, prompt_frames)
+        out: list[torch.Tensor] = []
+        for i in range(0, b, rows):
+            part = slice(i, i + rows)
+            out += self._encode(caches[part], tokens[part], last[part], prompt_frames[part])
+        return out
+
+    def rows_per_call(
+        self, caches: Sequence[EncoderCache], tokens: Sequence[torch.Tensor | Sequence[int]]
+    ) -> int:
+        """How many of these rows one call takes within :data:`SCORES_BYTES`: an up block's
+        scores are heads x queries x keys per row, the largest of the call's tensors."""
+        queries = self.stride * max(
+            t.numel() if isinstance(t, torch.Tensor) else len(t) for t in tokens
+        )
+        keys = max(c.length for c in caches) + queries
+        per_row = self.heads * queries * keys * self.att.element_size()
+        return max(1, SCORES_BYTES // per_row)
+
+    def _encode(
+        self,
+        caches: Sequence[EncoderCache],
+        tokens: Sequence[torch.Tensor | Sequence[int]],
+        last: Sequence[bool],
+        prompt_frames: Sequence[int],
+    ) -> list[torch.Tensor]:
+        b = len(caches)
         flat, counts = self._flat_tokens(tokens)
         plan, ints, flags = self._plan(caches, counts, last, prompt_frames)
         dev = self.device
@@ -203,7 +236,7 @@ class BatchedEncoder:
         n1, h1, h2 = plan.frames, plan.hist1, plan.hist2
         n2 = self.stride * n1
         e = n1 + self.lookahead
-        d1, d2 = len(self.blocks1), len(self.blocks2)
+        d1 = len(self.blocks1)
         t1, t2 = h1 + n1, h2 + n2
         ii = _Unpack(ints_d)
         slots = ii.take(b)
@@ -212,20 +245,13 @@ class BatchedEncoder:
         shift1, base1 = ii.take(b * t1).view(b, 1, t1), ii.take(n1 * t1).view(n1, t1)
         shift2, base2 = ii.take(b * t2).view(b, 1, t2), ii.take(n2 * t2).view(n2, t2)
         keep1, keep2 = ii.take(b * self.capacity), ii.take(b * self.capacity)
-        off1, off2 = ii.take(d1), ii.take(d2)
         tok_idx = ii.take(b * e).view(b, e)
         ff = _Unpack(flags_d)
         tok_pad = ff.take(b * e).view(b, e, 1)
         pad1 = ff.take(b * t1).view(b, 1, 1, t1)
         pad2 = ff.take(b * t2).view(b, 1, 1, t2)
 
-        feat = self.heads * 2 * self.dk
-        hist_a = self.att[:, :d1, :h1].index_select(0, slots)  # [B, d1, h1, F]
-        hist_b = self.att[:, d1:, :h2].index_select(0, slots)  # [B, d2, h2, F]
         cnn = self.cnn.index_select(0, slots)
-        kv = torch.empty(
-            d1 * b * t1 + d2 * b * t2, self.heads, 2 * self.dk, dtype=self.att.dtype, device=dev
-        )
 
         # token embedding, lookahead conv (the reference zero-pads a last chunk after embed)
         tok = to_device(flat, dev)[tok_idx]
@@ -241,9 +267,7 @@ class BatchedEncoder:
         pe = self.enc.embed.position_encoding(offset=None, size=t1)
         rel = (base1 + shift1).unsqueeze(1)  # [B, 1, N1, T1]
         for i, layer in enumerate(self.blocks1):
-            hist = hist_a[:, i].view(b, h1, self.heads, 2 * self.dk)
-            out = kv[i * b * t1 : (i + 1) * b * t1].view(b, t1, self.heads, 2 * self.dk)
-            x = self._layer(layer, x, hist, out, pe, rel, pad1)
+            x = self._cached_layer(layer, i, x, slots, h1, keep1, pe, rel, pad1)
 
         # up-sampling conv, up embedding
         up = self.enc.up_layer
@@ -255,29 +279,39 @@ class BatchedEncoder:
         # up blocks
         pe = self.enc.embed.position_encoding(offset=None, size=t2)
         rel = (base2 + shift2).unsqueeze(1)
-        start = d1 * b * t1
         for i, layer in enumerate(self.blocks2):
-            hist = hist_b[:, i].view(b, h2, self.heads, 2 * self.dk)
-            lo = start + i * b * t2
-            out = kv[lo : lo + b * t2].view(b, t2, self.heads, 2 * self.dk)
-            x = self._layer(layer, x, hist, out, pe, rel, pad2)
+            x = self._cached_layer(layer, d1 + i, x, slots, h2, keep2, pe, rel, pad2)
         mu = self.flow.encoder_proj(self.enc.after_norm(x))  # [B, N2, 80]
-
-        # caches: the reference's packed, cut layout, gathered from this call's keys
-        idx = torch.cat(
-            [
-                keep1.view(b, 1, -1) + off1.view(1, d1, 1),
-                keep2.view(b, 1, -1) + off2.view(1, d2, 1),
-            ],
-            dim=1,
-        )
-        new_att = kv.view(-1, feat).index_select(0, idx.view(-1))
-        self.att.index_copy_(0, slots, new_att.view(b, self.depth, self.capacity, feat))
         self.cnn.index_copy_(0, slots, torch.cat([new_look, new_up], dim=2))
         for c, n, length in zip(caches, plan.new_frames, plan.new_length, strict=True):
             c.length = length
             c.short_lookahead = n < LOOKAHEAD_CACHE
         return [mu[i, : self.stride * n].transpose(0, 1) for i, n in enumerate(plan.new_frames)]
+
+    def _cached_layer(
+        self,
+        layer: Any,
+        depth: int,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        hist_len: int,
+        keep: torch.Tensor,
+        pe: torch.Tensor,
+        rel: torch.Tensor,
+        pad: torch.Tensor,
+    ) -> torch.Tensor:
+        """One layer over its cached keys, whose cache then takes the reference's packed, cut
+        layout from this call's keys. Layer by layer, so a call holds one layer's keys: read
+        before they are written, and no other layer reads them."""
+        b, feat = x.shape[0], self.heads * 2 * self.dk
+        hist = self.att[:, depth, :hist_len].index_select(0, slots)  # [B, h, F]
+        keys = rel.shape[-1]  # history and this call's frames
+        kv = torch.empty(b, keys, self.heads, 2 * self.dk, dtype=self.att.dtype, device=x.device)
+        x = self._layer(layer, x, hist.view(b, hist_len, self.heads, 2 * self.dk), kv, pe, rel,
+                        pad)
+        kept = kv.view(-1, feat).index_select(0, keep).view(b, self.capacity, feat)
+        self.att[:, depth].index_copy_(0, slots, kept)
+        return x
 
     def _layer(
         self,
@@ -397,9 +431,6 @@ class BatchedEncoder:
         keep2 = torch.where(src < h2v[:, None], src, h2 + src - h2v[:, None])
         keep1 = torch.where(live, keep1, 0) + rows * t1
         keep2 = torch.where(live, keep2, 0) + rows * t2
-        d1, d2 = len(self.blocks1), len(self.blocks2)
-        off1 = torch.arange(d1, dtype=long) * (b * t1)
-        off2 = d1 * b * t1 + torch.arange(d2, dtype=long) * (b * t2)
 
         ints = torch.cat(
             [
@@ -412,8 +443,6 @@ class BatchedEncoder:
                 base2.reshape(-1),
                 keep1.reshape(-1),
                 keep2.reshape(-1),
-                off1,
-                off2,
                 tok_idx.reshape(-1),
             ]
         )
