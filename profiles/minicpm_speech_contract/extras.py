@@ -132,16 +132,21 @@ EXTRAS: tuple[Extra, ...] = (
           batched_value=(ENGINE_LOOKAHEAD_TOKENS,
                          f"the engine keeps exactly {ENGINE_LOOKAHEAD_TOKENS} lookahead tokens")),
     Extra("token2wav_n_timesteps", "integer",
-          "Flow-matching solver steps per chunk.", reader="both", minimum=1, maximum=50),
+          "Flow-matching solver steps per chunk. In bf16 on random weights at real dims, "
+          "log-mel SNR against fp32 at 10 steps: 63.4 dB at 10, 56.8 at 5, 51.5 at 3.",
+          reader="both", minimum=1, maximum=50),
     Extra("token2wav_precision", "string",
           "The batched engine's arithmetic for the flow: fp32; bf16-cache (keys, values and "
           "conv caches in bfloat16, half their memory; compute stays fp32); or bf16 (the "
-          "encoder and the DiT in bfloat16, caches too). HiFT stays fp32 in every mode.",
+          "encoder and the DiT in bfloat16, caches too). HiFT stays fp32 in every mode. "
+          "Log-mel SNR against fp32 on random weights at real dims: bf16-cache 71.7 dB "
+          "(fp32's own floor), bf16 63.4 dB.",
           choices=PRECISIONS),
     Extra("token2wav_cache_mib", "integer",
           "Device memory (MiB) for the batched engine's estimator keys and values. Each stream "
           "takes what its own prompt needs and waits when the pool is full; unset, the pool "
-          "holds every stream at the longest prompt allowed.",
+          "holds every stream at the longest prompt allowed. A stream takes 2 x (prompt frames "
+          "+ 156) frames of 640 KiB at 10 steps in fp32, half that in bf16-cache and bf16.",
           minimum=1, maximum=1048576),
     Extra("token2wav_runtime_prompt_cache_size", "integer",
           "Prepared prompts vLLM-Omni's own Code2Wav keeps.", reader="vllm-omni",

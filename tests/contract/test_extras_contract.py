@@ -152,3 +152,32 @@ def test_operator_and_pod_reach_the_same_verdict(name: str, extra: dict[str, Any
         bad = {key for p in contract.problems(merged["connectors"][
             "connector_of_shared_memory"]["extra"]) for key in p.keys}
         assert named in bad or named == "extra", (operator.field, bad)
+
+
+def _with_cache(extra: dict[str, Any]) -> dict[str, Any]:
+    return {"connectors": {"connector_of_shared_memory": {"extra": extra}}}
+
+
+def test_a_cache_pool_below_one_stream_of_the_longest_prompt_is_refused_by_operator_and_pod(
+    tmp_path: Path,
+) -> None:
+    """``token2wav_cache_mib`` must hold one stream of the longest prompt the profile allows:
+    the operator names the key and the least MiB, the pod refuses the same deploy config, and
+    the least follows the prompt bound and the precision."""
+    least = contract.DEFAULTS.cache_mib_needed()
+    assert least == 820  # a 10 s prompt, 10 steps, fp32: 2 x 656 frames of 640 KiB
+    argv = ["serve", "--health-port", "9400", "--server-port", "8091", "--no-mps",
+            "--no-precapture", "--", "vllm", "serve", "m", "--omni",
+            "--deploy-config", "deploy.yaml", "--port", "8091"]
+    profile = load_bundled_profile("default")
+    small = _with_cache({"token2wav_cache_mib": least - 1})
+    with pytest.raises(ProfileError, match=f"at least {least}") as refused:
+        render_deploy_config(profile, small, base_config=BASE)
+    assert refused.value.field.endswith(".extra.token2wav_cache_mib")
+    merged = merge_overrides(profile, small)
+    pod = pod_verdict(yaml.safe_dump({"base_config": BASE, **merged}), argv, tmp_path)
+    assert pod is not None and "token2wav_cache_mib" in pod
+    for fits in ({"token2wav_cache_mib": least},
+                 {"token2wav_cache_mib": least // 2 + 1, "token2wav_precision": "bf16"},
+                 {"token2wav_cache_mib": 445, "ref_audio_max_seconds": 4}):  # 2 x 356 frames
+        render_deploy_config(profile, _with_cache(fits), base_config=BASE)

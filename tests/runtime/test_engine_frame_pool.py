@@ -89,3 +89,15 @@ def test_the_contract_prices_a_frame_as_the_engine_does_at_real_dims() -> None:
     assert (REAL.dit_depth, REAL.dit_heads * REAL.dit_head_dim) == (DIT_BLOCKS, DIT_ATTENTION_WIDTH)
     assert kv_frame_bytes(10, "fp32") == 655_360  # 1.31 MB per frame of a stream's two rows
     assert kv_frame_bytes(10, "bf16-cache") == kv_frame_bytes(10, "bf16") == 327_680
+
+
+def test_the_least_pool_the_profile_rules_accept_is_the_least_the_engine_builds() -> None:
+    """The profile check and the engine refuse the same budgets at real dims."""
+    from minicpm_speech_contract.extras import DEFAULTS
+    from minicpm_speech_runtime.engine import EngineConfig
+    from minicpm_speech_runtime.engine.runner import kv_pool_frames
+
+    least, frame = DEFAULTS.cache_mib_needed(), kv_frame_bytes(10, "fp32")
+    assert kv_pool_frames(EngineConfig(cache_mib=least), frame) >= 2 * 656
+    with pytest.raises(ValueError, match=f"at least {least} MiB"):
+        kv_pool_frames(EngineConfig(cache_mib=least - 1), frame)

@@ -251,6 +251,10 @@ def test_engine_config_maps_the_extras() -> None:
     assert engine_config({"enable_cfm_graph": False}, torch.device("cuda")).cuda_graphs is False
     assert engine_config({}, CPU).vocoder_graphs is True
     assert engine_config({"enable_hift_graph": False}, CPU).vocoder_graphs is False
+    assert engine_config({}, CPU).cache_mib is None  # every slot at the longest prompt
+    assert engine_config({"token2wav_cache_mib": 2048}, CPU).cache_mib == 2048
+    with pytest.raises(UnsupportedOption, match="token2wav_cache_mib"):
+        engine_config({"token2wav_cache_mib": 64}, CPU)  # not one stream of a 10 s prompt
     assert engine_config({}, CPU).setup_cache_voices is None
     assert engine_config({"token2wav_setup_cache_size": 0}, CPU).setup_cache_voices == 0
     assert isinstance(engine_config({}, CPU), EngineConfig)
