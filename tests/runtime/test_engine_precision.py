@@ -110,3 +110,40 @@ def test_bf16_computes_the_flow_in_bfloat16_and_leaves_the_loaded_flow_fp32(mode
 def test_a_precision_the_engine_lacks_is_refused() -> None:
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16-cache, bf16"):
         EngineConfig(precision="fp16")
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_hift_runs_in_plain_fp32_when_its_tf32_is_off(models, voices, graphs) -> None:  # type: ignore[no-untyped-def]
+    """``vocoder_tf32=False``: every HiFT call, eager or through its graphs, runs with TF32
+    off and cuDNN off (the bounded convs) while the rest of the engine keeps TF32; the flags
+    are the engine's again after it."""
+    small = small_models(models)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def record(*_: object) -> None:
+        backends = torch.backends
+        seen.append((backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32,
+                     backends.cudnn.enabled))
+
+    hook = small.hift.register_forward_pre_hook(record)
+    try:
+        for vocoder_tf32, want in ((False, (False, False, False)), (True, (True, True, True))):
+            seen.clear()
+            eng = engine(small, tf32=True, vocoder_tf32=vocoder_tf32, max_streams=2,
+                         micro_batch=2, graph_budget=48)
+            if graphs:
+                eng = type(eng)(small, eng.config, graph_backend=EagerBackend())
+                eng.warmup()
+            out: dict = {}  # type: ignore[type-arg]
+            reasons: dict = {}  # type: ignore[type-arg]
+            eng.add_stream("s", voices[0])
+            eng.push_tokens("s", utterance(40, 0), last=True)
+            for _ in drain(eng, out, reasons):
+                pass
+            assert reasons == {"s": "done"} and seen and set(seen) == {want}, vocoder_tf32
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.enabled
+    finally:
+        hook.remove()
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -43,6 +43,8 @@ class EngineConfig:
     Triton kernels where Triton and CUDA are present (same fp32 arithmetic as the torch ops).
     ``bounded_convs`` runs fp32 convolutions (TF32 off) without cuDNN, whose plans asked for
     up to 140 GiB of workspace (:mod:`.workspace`); off only to measure that.
+    ``vocoder_tf32`` off runs HiFT and its F0 predictor in plain fp32 whatever ``tf32`` says:
+    vLLM-Omni measured TF32 there to shift the log-mel by 0.7-1.4 dB.
     A stream's estimator keys and values take :meth:`stream_frames` of its own prompt from a
     pool of ``cache_mib`` of device memory; unset, the pool holds ``max_streams`` streams of
     the longest prompt, so a free slot always admits. A smaller pool serves more streams per
@@ -60,6 +62,7 @@ class EngineConfig:
     precapture: bool = True
     graph_budget: int = DEFAULTS.cfm_max_graphs
     vocoder_graphs: bool = True
+    vocoder_tf32: bool = True
     setup_frame_step: int = 256
     idle_timeout_s: float = 30.0
     setup_cache_mib: int = 2048  # device memory for set-up voices (LRU); 0 turns the cache off

@@ -122,7 +122,8 @@ class Runner:
         )
         hift_sizes = decode_sizes if config.vocoder_graphs else None
         self.vocoder = BatchedVocoder(
-            models.hift, models.device, self.graphs, hift_sizes, self.kernels
+            models.hift, models.device, self.graphs, hift_sizes, self.kernels,
+            tf32=config.tf32 and config.vocoder_tf32, bounded_convs=config.bounded_convs,
         )
         self.setup_cache = SetupCache(config.setup_cache_mib * 2**20, config.setup_cache_voices)
         self.owner: list[StreamState | None] = [None] * config.max_streams

@@ -22,6 +22,7 @@ from torch import nn
 from .config import CHUNK_TOKENS, LOOKAHEAD_TOKENS
 from .graphs import Body, GraphDispatcher, GraphKey
 from .kernels import Kernels
+from .workspace import without_tf32
 
 if TYPE_CHECKING:
     # The reference's HiFT (``flashcosyvoice.modules.hifigan``), as far as the vocoder reads
@@ -74,8 +75,14 @@ class BatchedVocoder:
         dispatcher: GraphDispatcher | None = None,
         batch_sizes: list[int] | None = None,
         kernels: Kernels | None = None,
+        tf32: bool = True,
+        bounded_convs: bool = True,
     ) -> None:
         self.hift = cast("HiFTGenerator", hift)
+        # HiFT's own arithmetic, eager or captured: with ``tf32`` off, plain fp32 whatever
+        # the rest of the engine runs in
+        self.arithmetic: Callable[[], contextlib.AbstractContextManager[None]] = (
+            contextlib.nullcontext if tf32 else lambda: without_tf32(bounded_convs))
         self.snakes = snake_overrides(hift, kernels or Kernels(fused=False))
         window = np.hamming(2 * SOURCE_CACHE)
         self.window = torch.from_numpy(window).to(device)  # float64, as the reference's
@@ -112,7 +119,7 @@ class BatchedVocoder:
             # host check would stall the step until the device drained its queue.
             safe = (_graph_safe(self.hift, self.stft_window, self.harmonics)
                     if self.stft_window is not None else contextlib.nullcontext())
-            with safe, _overridden(self.snakes):
+            with safe, _overridden(self.snakes), self.arithmetic():
                 return self.hift(mel, src)  # type: ignore[no-any-return]
         self._idle()
         self.mel[:g, :, :frames].copy_(mel)
@@ -128,6 +135,7 @@ class BatchedVocoder:
         with (
             _graph_safe(self.hift, self.stft_window, self.harmonics),
             _overridden(self.snakes),
+            self.arithmetic(),
         ):
             return self.hift(mel, src)  # type: ignore[no-any-return]
 

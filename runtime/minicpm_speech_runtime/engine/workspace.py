@@ -44,3 +44,17 @@ def bounded_convs(fp32: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.enabled = True
+
+
+@contextlib.contextmanager
+def without_tf32(bounded: bool = True) -> Iterator[None]:
+    """Inside, matmuls and convolutions run in plain fp32 (TF32 off), and with ``bounded``
+    the convolutions without cuDNN, as :func:`bounded_convs` says why; the flags before are
+    restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with bounded_convs(bounded):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
