@@ -32,6 +32,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "cluster-wide": {"watch": {"clusterWide": True}},
     "metrics-servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True}}},
     "replicas-two": {"replicas": 2},
+    "autoscaling-integration": {
+        "watch": {"namespaces": ["speech-a", "speech-b"]},
+        "autoscaling": {
+            "podMonitor": {"enabled": True},
+            "prometheusAdapter": {"rules": {"enabled": True, "namespace": "monitoring"}},
+        },
+    },
     "everything": {
         "replicas": 3,
         "watch": {"clusterWide": True},
@@ -64,6 +71,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "metrics": {
             "service": {"annotations": {"prometheus.io/scrape": "true"}},
             "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+        },
+        "autoscaling": {
+            "podMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "prom"}},
+            "prometheusAdapter": {"rules": {"enabled": True, "namespace": "monitoring"}},
         },
     },
 }

@@ -21,66 +21,79 @@ from tests.chart.rendering import (
     render_objects,
 )
 
-# The Prometheus Operator's CRD is not part of the Kubernetes OpenAPI that
-# kubernetes-validate ships, so it is checked here by shape, for the fields the chart sets.
+# The Prometheus Operator's CRDs are not part of the Kubernetes OpenAPI that
+# kubernetes-validate ships, so they are checked here by shape, for the fields the chart sets.
 _LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
 _DURATION = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h))+$"}
-SERVICE_MONITOR_SHAPE: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["name", "namespace"],
-            "properties": {
-                "name": {"type": "string"},
-                "namespace": {"type": "string"},
-                "labels": _LABELS,
+
+
+def _monitor_shape(kind: str, endpoints_key: str) -> dict[str, Any]:
+    """A ServiceMonitor or PodMonitor: the two differ in the name of their endpoint list."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "namespace"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "namespace": {"type": "string"},
+                    "labels": _LABELS,
+                },
             },
-        },
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["selector", "endpoints"],
-            "properties": {
-                "selector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"matchLabels": _LABELS},
-                },
-                "namespaceSelector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"matchNames": {"type": "array", "items": {"type": "string"}}},
-                },
-                "endpoints": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["selector", endpoints_key],
+                "properties": {
+                    "selector": {
                         "type": "object",
                         "additionalProperties": False,
-                        "required": ["port"],
+                        "properties": {"matchLabels": _LABELS},
+                    },
+                    "namespaceSelector": {
+                        "type": "object",
+                        "additionalProperties": False,
                         "properties": {
-                            "port": {"type": "string"},
-                            "path": {"type": "string"},
-                            "interval": _DURATION,
-                            "scrapeTimeout": _DURATION,
+                            "any": {"type": "boolean"},
+                            "matchNames": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                    endpoints_key: {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["port"],
+                            "properties": {
+                                "port": {"type": "string"},
+                                "path": {"type": "string"},
+                                "interval": _DURATION,
+                                "scrapeTimeout": _DURATION,
+                            },
                         },
                     },
                 },
             },
         },
-    },
+    }
+
+
+MONITOR_SHAPES: dict[str, dict[str, Any]] = {
+    "ServiceMonitor": _monitor_shape("ServiceMonitor", "endpoints"),
+    "PodMonitor": _monitor_shape("PodMonitor", "podMetricsEndpoints"),
 }
 
 
 def validate_object(obj: dict[str, Any]) -> None:
     if obj["apiVersion"] == "monitoring.coreos.com/v1":
-        jsonschema.Draft7Validator(SERVICE_MONITOR_SHAPE).validate(obj)
+        jsonschema.Draft7Validator(MONITOR_SHAPES[obj["kind"]]).validate(obj)
     else:
         assert kubernetes_validate.validate(obj, KUBE_VERSION, strict=True) == KUBE_VERSION
 
@@ -147,5 +160,14 @@ def test_service_monitor_shape_catches_a_misspelt_field() -> None:
     values = VALUE_SETS["metrics-servicemonitor"]
     monitor = copy.deepcopy(find(render_objects(values), "ServiceMonitor")[0])
     monitor["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_object(monitor)
+
+
+def test_pod_monitor_shape_catches_a_misspelt_field() -> None:
+    monitor = copy.deepcopy(find(render_objects(VALUE_SETS["autoscaling-integration"]),
+                                 "PodMonitor")[0])
+    validate_object(monitor)
+    monitor["spec"]["podMetricsEndpoints"][0]["prot"] = "health"
     with pytest.raises(jsonschema.ValidationError):
         validate_object(monitor)
