@@ -388,21 +388,34 @@ def transition_events(
 
 def autoscaling_events(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
                        replicas: Any) -> list[tuple[str, str, str]]:
-    """Autoscaling turned on, retargeted or off, as `kubectl describe` should tell it."""
+    """Autoscaling turned on, retargeted or off, and each count the autoscaler set, as
+    `kubectl describe` should tell it. The HPA's own events stay on the HPA, which a user
+    reading the resource does not look at."""
     if not new:
         if not old:
             return []
         return [("Normal", "AutoscalingDisabled",
                  f"HorizontalPodAutoscaler {old.get('horizontalPodAutoscaler')} deleted; the "
                  f"Deployment follows spec.replicas ({replicas}) again")]
+    events = []
     keys = ("minReplicas", "maxReplicas", "metric", "target")
-    if old and all(old.get(key) == new.get(key) for key in keys):
-        return []
-    return [("Normal", "AutoscalingEnabled" if not old else "AutoscalingChanged",
-             f"HorizontalPodAutoscaler {new['horizontalPodAutoscaler']} scales the Deployment "
-             f"from {new['minReplicas']} to {new['maxReplicas']} pods on {new['metric']} "
-             f"{new['target']:g} ({new['podMetric']} at {new['podMetricTarget']} per pod); "
-             "the operator no longer writes its replicas")]
+    if not old or any(old.get(key) != new.get(key) for key in keys):
+        events.append((
+            "Normal", "AutoscalingEnabled" if not old else "AutoscalingChanged",
+            f"HorizontalPodAutoscaler {new['horizontalPodAutoscaler']} scales the Deployment "
+            f"from {new['minReplicas']} to {new['maxReplicas']} pods on {new['metric']} "
+            f"{new['target']:g} ({new['podMetric']} at {new['podMetricTarget']} per pod); "
+            "the operator no longer writes its replicas"))
+    before, after = (old or {}).get("desiredReplicas"), new.get("desiredReplicas")
+    if isinstance(before, int) and isinstance(after, int) and before != after:
+        direction = "up" if after > before else "down"
+        events.append((
+            "Normal", "Scaled",
+            f"HorizontalPodAutoscaler {new['horizontalPodAutoscaler']} scaled the Deployment "
+            f"{direction} from {before} to {after} pods on {new['metric']} (target "
+            f"{new['target']:g})" + ("; leaving pods drain their live streams first"
+                                     if direction == "down" else "")))
+    return events
 
 
 def search_events(old: Mapping[str, Any] | None,

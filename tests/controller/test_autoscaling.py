@@ -254,6 +254,14 @@ def test_events_say_when_autoscaling_turns_on_changes_and_turns_off() -> None:
     assert enabled[1] == "AutoscalingEnabled" and "from 1 to 4 pods on activeStreams 8" in (
         enabled[2])
     assert autoscaling_events(on, dict(on or {}, currentReplicas=3), 3) == []
+    # The count the HPA set on the Deployment, up and down; none when it was not known before.
+    two, three = dict(on or {}, desiredReplicas=2), dict(on or {}, desiredReplicas=3)
+    assert autoscaling_events(on, two, 2) == []
+    (up,) = autoscaling_events(two, three, 3)
+    assert up[1] == "Scaled" and "up from 2 to 3 pods on activeStreams" in up[2]
+    (down,) = autoscaling_events(three, two, 2)
+    assert down[1] == "Scaled" and "down from 3 to 2" in down[2] and "drain" in down[2]
+    assert autoscaling_events(three, three, 3) == []
     assert autoscaling_events(on, wider, 1)[0][1] == "AutoscalingChanged"
     (disabled,) = autoscaling_events(on, None, 2)
     assert disabled[1] == "AutoscalingDisabled" and "spec.replicas (2)" in disabled[2]

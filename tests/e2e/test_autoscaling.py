@@ -77,6 +77,8 @@ async def test_the_autoscaler_owns_the_replicas_until_autoscaling_is_off(
 
     await scale_as_the_autoscaler_would(cluster, 3)
     assert cluster.api.get_speech(NAME)["status"]["replicas"] == 3  # type: ignore[index]
+    await cluster.wait_for(lambda: "Scaled" in event_reasons(cluster),
+                           message="a Scaled event on the resource")
 
     # Reconciles of every kind: a new target (the HPA is patched), a new profile (the pod
     # template is patched), and the periodic resyncs.
