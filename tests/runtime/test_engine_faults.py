@@ -197,6 +197,40 @@ def test_a_stream_whose_audio_turns_non_finite_ends_alone_and_leaves_its_slot_cl
     _baseline(eng)
 
 
+def test_a_set_up_voice_whose_stream_turned_non_finite_is_solved_again(setup) -> None:  # type: ignore[no-untyped-def]
+    """A kept set-up that holds a NaN (a prompt's solve that overflowed) would end every later
+    stream of its voice: the first such stream drops it, and the next one solves it afresh."""
+    import torch
+
+    small, voices = setup
+    with fixed_nsf_noise():
+        eng = engine(small)
+        results: dict[str, str] = {}
+        audio: dict[Any, list[np.ndarray]] = {}
+
+        def one(sid: str) -> None:
+            eng.add_stream(sid, voices[1])
+            eng.push_tokens(sid, utterance(40, 3), last=True)
+            for _ in drain(eng, audio, results):
+                pass
+
+        one("first")  # solves the voice's set-up and keeps it
+        entry = eng.runner.setup_cache.entries[voices[1].key]
+        with torch.inference_mode():  # as an overflow in the solve would leave it
+            entry.k.view(-1)[:8] = float("nan")
+        one("from-poisoned-cache")
+        assert voices[1].key not in eng.runner.setup_cache
+        one("solved-again")
+        one("from-fresh-cache")
+    assert results["first"] == "done"
+    assert results["from-poisoned-cache"] == "non-finite: its decoded audio held NaN or Inf"
+    assert results["solved-again"] == results["from-fresh-cache"] == "done"
+    assert max_diff(audio["first"], audio["solved-again"]) <= TOL
+    assert max_diff(audio["first"], audio["from-fresh-cache"]) <= TOL
+    assert not torch.isnan(eng.runner.setup_cache.entries[voices[1].key].k).any()
+    _baseline(eng)
+
+
 def test_a_voice_holding_nan_is_refused_before_it_joins_a_setup(setup) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 

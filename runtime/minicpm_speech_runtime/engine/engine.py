@@ -213,6 +213,9 @@ class Code2WavEngine:
                 # cleared before its slot is reused, where a masked key still meets 0 * NaN.
                 s.end_detail = "its decoded audio held NaN or Inf"
                 self.runner.scrub(s)
+                # Its set-up may be where the NaN came from (an overflow in the prompt's solve):
+                # kept, it would end every later stream of the voice the same way. Solved again.
+                self.runner.setup_cache.discard(s.voice_key)
                 out.append(self._end(s, EndReason.NON_FINITE))
                 continue
             self.counters.audio_samples += wav.shape[0]

@@ -77,5 +77,9 @@ class SetupCache:
         self.entries[key] = entry
         return True
 
+    def discard(self, key: str) -> bool:
+        """Drop the voice's entry, if held; whether one was."""
+        return self.entries.pop(key, None) is not None
+
     def clear(self) -> None:
         self.entries.clear()
