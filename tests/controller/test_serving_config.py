@@ -102,6 +102,13 @@ def test_hash_follows_what_changes_serving_and_only_that() -> None:
     overrides = {"stages": [{"stage_id": 1, "max_num_seqs": 4}]}
     assert rendered(parsed(profileOverrides=overrides)).config_hash != base
     assert rendered(parsed(runtime={"mps": {"enabled": False}})).config_hash != base
+    # New weights: another folder on the claim, another claim, or a Hub revision.
+    for model in ({"pvc": {"claimName": "weights", "path": "MiniCPM-o-4_5-v2"}},
+                  {"pvc": {"claimName": "weights-v2", "path": "MiniCPM-o-4_5"}}):
+        assert rendered(parsed(model=model)).config_hash != base, model
+    hub = {"huggingFace": {"repo": "openbmb/MiniCPM-o-4_5", "revision": "1" * 40}}
+    newer = {"huggingFace": {"repo": "openbmb/MiniCPM-o-4_5", "revision": "2" * 40}}
+    assert rendered(parsed(model=hub)).config_hash != rendered(parsed(model=newer)).config_hash
     # Placement is not serving behaviour: the pod moves, the hash stays.
     assert rendered(parsed(runtime={"nodeSelector": {"a": "b"}})).config_hash == base
 
