@@ -19,13 +19,15 @@ from minicpm_speech_contract.extras import EXTRA_PATH, PRECISIONS
 from .errors import InvalidSpec, refuse_repeats
 
 # Each grid key of spec.profile.search.grid, and the profile override one of its values makes.
-GRID_KEYS = ("stage2MaxNumSeqs", "microBatchSize", "precision")
+GRID_KEYS = ("stage2MaxNumSeqs", "microBatchSize", "precision", "solverSteps")
+GRID_EXTRAS = {"microBatchSize": "micro_batch_size", "precision": "token2wav_precision",
+               "solverSteps": "token2wav_n_timesteps"}
 
 
 def grid_override(key: str, value: Any) -> dict[str, Any]:
     if key == "stage2MaxNumSeqs":
         return {"stages": [{"stage_id": 2, "max_num_seqs": value}]}
-    extra = {"microBatchSize": "micro_batch_size", "precision": "token2wav_precision"}[key]
+    extra = GRID_EXTRAS[key]
     override: dict[str, Any] = {extra: value}
     for part in reversed(EXTRA_PATH):
         override = {part: override}

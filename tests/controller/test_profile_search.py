@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from minicpm_speech_contract.extras import PRECISIONS
+from minicpm_speech_contract.extras import BY_NAME, PRECISIONS
 from minicpm_speech_contract.termination import parse_termination_message
 from minicpm_speech_operator.crd_schema import strict_json_schema, version_schema
 from minicpm_speech_operator.errors import InvalidSpec
@@ -27,7 +27,7 @@ from minicpm_speech_operator.perf.search import (
     slo_condition,
 )
 from minicpm_speech_operator.reconciler import search_events
-from minicpm_speech_operator.slo import GRID_KEYS, grid_override
+from minicpm_speech_operator.slo import GRID_EXTRAS, GRID_KEYS, grid_override
 from minicpm_speech_operator.spec import SpeechSpec, parse_spec
 from minicpm_speech_perf.config import parse_quality, parse_sweep
 from minicpm_speech_perf.summarize import sweep_message
@@ -111,6 +111,8 @@ def rows(decided: SearchPlan) -> dict[str, dict[str, Any]]:
      "spec.perf.placement", "GPU of its own"),
     (searching(grid={"stage2MaxNumSeqs": [4, 8, 16], "precision": ["fp32", "bf16-cache"]}),
      "spec.profile.search.maxCandidates", "make 13 candidates, more than 8"),
+    (searching(grid={"precision": ["fp32", "bf16"], "solverSteps": [3, 5]}),
+     "spec.profile.search.maxCandidates", "make 9 candidates, more than 8"),
 ])
 def test_bad_slo_or_search_is_refused_naming_the_field(raw: dict[str, Any], field: str,
                                                        words: str) -> None:
@@ -144,6 +146,12 @@ def odd(path: tuple[str, ...], value: Any) -> dict[str, Any]:
      "spec.profile.search.grid.precision[0]"),
     (odd(("profile", "search", "grid"), {"stage2MaxNumSeqs": [4, 4]}),
      "spec.profile.search.grid.stage2MaxNumSeqs[1]"),
+    (odd(("profile", "search", "grid"), {"solverSteps": [0]}),
+     "spec.profile.search.grid.solverSteps[0]"),
+    (odd(("profile", "search", "grid"), {"solverSteps": [51]}),
+     "spec.profile.search.grid.solverSteps[0]"),
+    (odd(("profile", "search", "grid"), {"solverSteps": [5, 5]}),
+     "spec.profile.search.grid.solverSteps[1]"),
     (odd(("profile", "search", "profiles"), ["low-latency", "low-latency"]),
      "spec.profile.search.profiles[1]"),
     (odd(("profile", "search", "maxGpuMinutes"), 1e308), "spec.profile.search.maxGpuMinutes"),
@@ -186,6 +194,25 @@ def test_the_crd_offers_the_grid_keys_the_operator_knows() -> None:
     assert tuple(search["properties"]["grid"]["properties"]) == GRID_KEYS
     for key in GRID_KEYS:
         assert grid_override(key, 1)  # each key has the override it makes
+    # A grid value is a Code2Wav extra: the CRD allows what the contract allows, no more.
+    grid = search["properties"]["grid"]["properties"]
+    for key, name in GRID_EXTRAS.items():
+        extra, items = BY_NAME[name], grid[key]["items"]
+        if extra.choices is None and extra.minimum is not None:
+            assert (items["minimum"], items["maximum"]) == (extra.minimum, extra.maximum), key
+
+
+def test_solver_steps_are_a_grid_key_that_sets_the_step_extra() -> None:
+    _, all_found = found(searching(("high-concurrency",),
+                                      {"precision": ["bf16"], "solverSteps": [3, 5]}))
+    assert [c.label for c in all_found] == [
+        "default",
+        "high-concurrency/precision=bf16,solverSteps=3",
+        "high-concurrency/precision=bf16,solverSteps=5"]
+    for candidate, steps in zip(all_found[1:], (3, 5), strict=True):
+        deploy = candidate.cfg.deploy_config  # type: ignore[union-attr]
+        assert f"token2wav_n_timesteps: {steps}" in deploy, deploy
+    assert len({c.config_hash for c in all_found}) == 3
 
 
 def test_without_a_search_block_the_search_is_off_with_the_crd_defaults() -> None:
