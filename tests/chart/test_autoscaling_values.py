@@ -20,6 +20,7 @@ from tests.chart.rendering import (
     VALUE_SETS,
     find,
     only,
+    render_notes,
     render_objects,
 )
 from tests.controller.builders import claim_spec
@@ -126,3 +127,13 @@ def test_adapter_rules_without_a_namespace_are_refused_naming_the_value() -> Non
     values = {"autoscaling": {"prometheusAdapter": {"rules": {"enabled": True}}}}
     with pytest.raises(helm.HelmValuesError, match="namespace"):
         render_objects(values)
+
+
+def test_the_install_notes_give_the_adapter_command_for_the_rendered_rules() -> None:
+    notes = render_notes(INTEGRATION)
+    configmap = only(render_objects(INTEGRATION), "ConfigMap")["metadata"]
+    assert (f"prometheus-community/prometheus-adapter -n {configmap['namespace']}" in notes
+            and f"--set rules.existing={configmap['name']}" in notes), notes
+    # Offline (and on a cluster without the Prometheus Operator) the PodMonitor cannot apply.
+    assert notes.lstrip().startswith("WARNING: autoscaling.podMonitor.enabled is true")
+    assert "prometheus-adapter" not in render_notes()
