@@ -228,11 +228,14 @@ class Supervisor:
     def _drain(self, control_dir: Path, metrics_dir: Path) -> None:
         """Take no new streams and wait for those in flight, within ``--drain-seconds``."""
         began, bound = time.monotonic(), self.config.drain_seconds
+        # The file first: once /readyz says draining, every new request is already refused.
+        # In the other order a request arriving between the two was taken, seen on a loaded
+        # machine (four threads on two cores).
+        control.write_json(control_dir, control.DRAIN_FILE,
+                           {"since": time.time(), "deadline_seconds": bound})
         with self._readiness:
             self.state.set_ready(False, "draining")
         self.state.metrics.draining.set(1)
-        control.write_json(control_dir, control.DRAIN_FILE,
-                           {"since": time.time(), "deadline_seconds": bound})
         left = drain.load(metrics_dir)
         log.info("draining: new requests are refused; waiting up to %g s for %s", bound, left)
         while (why := self._drain_ends(left, began)) is None:
