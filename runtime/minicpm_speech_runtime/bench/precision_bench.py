@@ -166,24 +166,24 @@ def main(argv: list[str] | None = None) -> None:
         {m: engine_overrides(o, models, fid_streams, fid_voices) for m, o in modes.items()},
         {"max_streams": fid_streams, "micro_batch": min(8, fid_streams)},
     )}
-    rows: list[dict[str, Any]] = []
-    for mode, overrides in modes.items():
-        runs = {}
-        for c in concs:
-            fields = engine_overrides(overrides, models, c, voices[: a.voices])
-            runs[c] = run_engine(models, voices[: a.voices], c, a.window, peak,
-                                 a.graphs == "on", True, **fields)
-            runs[c]["config"] = EngineConfig(**fields)
-        rows += rows_of(mode, overrides, runs, figures[mode])
-    print(table(rows))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     out = {"git_rev": a.git_rev, "device": name, "dims": a.generate, "voices": a.voices,
            "fidelity_voices": a.fidelity_voices, "fidelity_tokens": a.fidelity_tokens,
-           "window_s": a.window, "modes": modes, "rows": rows}
+           "window_s": a.window, "modes": modes, "rows": []}
     a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(json_safe(out), indent=1) + "\n")
+    for mode, overrides in modes.items():
+        for c in concs:
+            fields = engine_overrides(overrides, models, c, voices[: a.voices])
+            run = run_engine(models, voices[: a.voices], c, a.window, peak,
+                             a.graphs == "on", True, **fields)
+            run["config"] = EngineConfig(**fields)
+            out["rows"] += rows_of(mode, overrides, {c: run}, figures[mode])
+            # each row as it lands: a sweep cut short by a time limit keeps what it measured
+            print(table(out["rows"][-1:]).splitlines()[-1], flush=True)
+            a.json.write_text(json.dumps(json_safe(out), indent=1) + "\n")
+    print(table(out["rows"]))
     if a.png:
-        plot(rows, f"Code2Wav engine modes, {name}, {a.git_rev}", a.png)
+        plot(out["rows"], f"Code2Wav engine modes, {name}, {a.git_rev}", a.png)
     ckpt.cleanup()
 
 
