@@ -33,9 +33,9 @@ import platform
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -43,6 +43,7 @@ from torch import nn
 from ..assets import Code2WavModels, load_code2wav
 from ..engine import EngineConfig
 from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, MIN_PROMPT_TOKENS
+from ..engine.runner import kv_frame_nbytes
 from ..engine.workspace import OP_MEMORY_BOUND_BYTES, bounded_convs
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..voice.device import PreparedVoice
@@ -231,13 +232,27 @@ def sweep_summary(rows: list[SweepRow], bound: int) -> dict[str, Any]:
     }
 
 
+def burst_prompt_tokens(max_streams: int, top: int) -> list[int]:
+    """The burst's prompts: 3 s up to the longest allowed (``top`` tokens), evenly spread."""
+    return [75 + (i * (top - 75)) // max(1, max_streams - 1) for i in range(max_streams)]
+
+
 def burst(
     models: Code2WavModels, max_streams: int, tf32: bool, bounded: bool = True,
-    utterance_tokens: int = 100,
+    utterance_tokens: int = 100, per_voice_pool: bool = False,
 ) -> dict[str, Any]:
-    """Warm-up, then ``max_streams`` distinct cold voices (3-10 s) at once, to the end."""
+    """Warm-up, then ``max_streams`` distinct cold voices (3-10 s) at once, to the end.
+
+    ``per_voice_pool`` sizes the key/value pool for exactly these voices (``cache_mib``), as a
+    pod sharing its GPU would, instead of every slot at the longest prompt."""
     cfg = EngineConfig(max_streams=max_streams, micro_batch=min(8, max_streams), tf32=tf32,
                        graph_budget=72, bounded_convs=bounded)
+    top = cfg.max_prompt_frames // models.up_rate
+    prompts = burst_prompt_tokens(max_streams, top)
+    if per_voice_pool:
+        frame = kv_frame_nbytes(cast(Any, models.flow), cfg)
+        frames = sum(2 * cfg.stream_frames(t * models.up_rate) for t in prompts)
+        cfg = replace(cfg, cache_mib=-(-frames * frame // 2**20))
     torch.cuda.synchronize()
     events = _events()
     eng = new_engine(models, cfg)
@@ -251,9 +266,7 @@ def burst(
     warm_transient = torch.cuda.max_memory_allocated() - max(before_warmup, held)
     warm_events = _delta(events)
     events = _events()
-    top = cfg.max_prompt_frames // models.up_rate
-    for i in range(max_streams):
-        tokens = 75 + (i * (top - 75)) // max(1, max_streams - 1)  # 3 s to the longest prompt
+    for i, tokens in enumerate(prompts):
         eng.add_stream(i, random_voice(f"burst{i}", tokens, models.up_rate, 1000 + i,
                                               models.device))
         eng.push_tokens(i, torch.randint(0, 6561, (utterance_tokens,)).tolist(), last=True)
@@ -270,6 +283,7 @@ def burst(
             steps += 1
     return {
         "max_streams": max_streams,
+        "cache_mib": cfg.cache_mib,  # None: every slot at the longest prompt
         "graphs": graphs,
         "warmup_s": warm_s,
         "warmup_events": warm_events,
@@ -286,7 +300,8 @@ def burst(
 
 def run(models: Code2WavModels, max_streams: int, max_prompt_frames: int,
         batches: list[int] | None, bound: int, every_nth_length: int = 1,
-        bounded: bool = True, with_burst: bool = True) -> dict[str, Any]:
+        bounded: bool = True, with_burst: bool = True,
+        per_voice_pool: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     calls = conv_calls(models, max_prompt_frames, tf32=False)  # shapes do not depend on TF32
     out: dict[str, Any] = {"shapes": {
@@ -303,7 +318,8 @@ def run(models: Code2WavModels, max_streams: int, max_prompt_frames: int,
         rows = sweep(models, calls, batches or list(range(1, max_streams + 1)), tf32, bounded)
         stage["sweep"] = sweep_summary(rows, bound) | {"seconds": time.perf_counter() - t0}
         if with_burst:
-            stage["burst"] = burst(models, max_streams, tf32, bounded)
+            stage["burst"] = burst(models, max_streams, tf32, bounded,
+                                   per_voice_pool=per_voice_pool)
         out[name] = stage
         print(json.dumps({name: {k: _brief(v) for k, v in stage.items()}}), flush=True)
     return out
@@ -324,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-bound", action="store_true",
                    help="let cuDNN run fp32 convs too: the figures without the engine's bound")
     p.add_argument("--skip-burst", action="store_true")
+    p.add_argument("--burst-pool", choices=("longest", "per-voice"), default="longest",
+                   help="the burst engine's key/value pool: every slot at the longest prompt, "
+                        "or sized for the burst's own voices")
     p.add_argument("--campplus-onnx", type=Path, default=None)
     p.add_argument("--git-rev", default="")
     p.add_argument("--json", type=Path, required=True)
@@ -348,7 +367,8 @@ def main(argv: list[str] | None = None) -> None:
         "bounded_convs": not a.no_bound,
         "every_nth_length": a.every_nth_length,
         **run(models, a.max_streams, a.max_prompt_frames, batches, bound, a.every_nth_length,
-              bounded=not a.no_bound, with_burst=not a.skip_burst),
+              bounded=not a.no_bound, with_burst=not a.skip_burst,
+              per_voice_pool=a.burst_pool == "per-voice"),
     }
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(result, indent=1) + "\n")
