@@ -18,7 +18,7 @@ from minicpm_speech_operator.reconciler import autoscaling_events
 from minicpm_speech_operator.spec import parse_spec
 from minicpm_speech_operator.status import autoscaling_status
 
-from .builders import REPO, claim_spec
+from .builders import claim_spec
 from .test_manifests import KUBERNETES_VERSION, render
 from .test_names_and_rules import rules, server_refusals, with_spec
 
@@ -267,8 +267,3 @@ def test_events_say_when_autoscaling_turns_on_changes_and_turns_off() -> None:
     assert disabled[1] == "AutoscalingDisabled" and "spec.replicas (2)" in disabled[2]
     assert autoscaling_events(None, None, 1) == []
 
-
-def test_the_readme_shows_an_adapter_rule_for_every_metric_the_autoscaler_reads() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    for metric in autoscaling.POD_METRICS.values():
-        assert f"seriesQuery: '{metric.name}{{namespace!=\"\",pod!=\"\"}}'" in readme, metric
