@@ -8,9 +8,12 @@ import pytest
 import torch
 from minicpm_speech_runtime.bench.conv_memory import (
     SweepRow,
+    burst_prompt_tokens,
     conv_calls,
     distinct_plans,
     plan_key,
+    pool_mib_for,
+    random_voice,
     sweep_summary,
 )
 from minicpm_speech_runtime.bench.conv_memory import _conv_modules as conv_modules
@@ -122,3 +125,20 @@ def test_the_one_matmul_per_tap_policy_computes_the_convolution() -> None:
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(3, 16, 40, generator=g), torch.randn(8, 16, 5, generator=g)
     assert torch.allclose(_gemm_conv(x, w), torch.nn.functional.conv1d(x, w), atol=1e-5)
+
+
+def test_a_per_voice_burst_pool_admits_every_burst_voice_at_once_in_less_than_every_slot(
+    models,  # type: ignore[no-untyped-def]
+) -> None:
+    eng = engine(models, max_streams=16, micro_batch=8, tf32=True)
+    top = eng.config.max_prompt_frames // models.up_rate
+    prompts = burst_prompt_tokens(16, top)
+    assert prompts[0] == 75 and prompts[-1] == top and prompts == sorted(prompts)
+    every_slot = eng.runner.pool.capacity
+    pooled = engine(models, max_streams=16, micro_batch=8, tf32=True,
+                    cache_mib=pool_mib_for(models, eng.config, prompts))
+    assert pooled.runner.pool.capacity < every_slot
+    for i, tokens in enumerate(prompts):
+        assert pooled.admits(random_voice(f"b{i}", tokens, models.up_rate, i)), i
+        pooled.add_stream(i, random_voice(f"b{i}", tokens, models.up_rate, i))
+    assert pooled.num_streams == 16

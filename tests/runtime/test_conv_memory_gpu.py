@@ -5,7 +5,9 @@ warm-up and a burst of cold voices, TF32 off and on.
 Opt-in (``pytest -m gpu tests/runtime/test_conv_memory_gpu.py`` on a machine with CUDA): it
 runs ``bench/conv_memory.py``; ``CONV_MEMORY_JSON`` keeps its figures, ``CONV_MEMORY_BATCHES``
 (comma-separated) narrows the batches swept and ``CONV_MEMORY_EVERY_NTH`` the conv calls (every
-Nth; 1, the default, sweeps them all), ``CAMPPLUS_ONNX`` reuses an exported CAM++.
+Nth; 1, the default, sweeps them all), ``CAMPPLUS_ONNX`` reuses an exported CAM++, and
+``CONV_MEMORY_BURST_POOL=per-voice`` sizes the burst engine's key/value pool for its own voices
+(the default, ``longest``, holds every slot at the longest prompt: 62 GiB at C64 in fp32).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def test_no_conv_asks_beyond_the_bound_and_the_allocator_never_retries(tmp_path:
     out = Path(os.environ.get("CONV_MEMORY_JSON") or tmp_path / "conv-memory.json")
     argv = ["--generate", "real", "--max-streams", str(MAX_STREAMS), "--json", str(out),
             "--batches", os.environ.get("CONV_MEMORY_BATCHES", ""),
-            "--every-nth-length", os.environ.get("CONV_MEMORY_EVERY_NTH", "1")]
+            "--every-nth-length", os.environ.get("CONV_MEMORY_EVERY_NTH", "1"),
+            "--burst-pool", os.environ.get("CONV_MEMORY_BURST_POOL", "longest")]
     if os.environ.get("CAMPPLUS_ONNX"):
         argv += ["--campplus-onnx", os.environ["CAMPPLUS_ONNX"]]
     conv_memory.main(argv)

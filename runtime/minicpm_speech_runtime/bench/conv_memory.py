@@ -237,6 +237,13 @@ def burst_prompt_tokens(max_streams: int, top: int) -> list[int]:
     return [75 + (i * (top - 75)) // max(1, max_streams - 1) for i in range(max_streams)]
 
 
+def pool_mib_for(models: Code2WavModels, cfg: EngineConfig, prompts: list[int]) -> int:
+    """The least ``cache_mib`` that holds streams of these prompts (in tokens) all at once."""
+    frame = kv_frame_nbytes(cast(Any, models.flow), cfg)
+    frames = sum(2 * cfg.stream_frames(t * models.up_rate) for t in prompts)
+    return -(-frames * frame // 2**20)
+
+
 def burst(
     models: Code2WavModels, max_streams: int, tf32: bool, bounded: bool = True,
     utterance_tokens: int = 100, per_voice_pool: bool = False,
@@ -250,9 +257,7 @@ def burst(
     top = cfg.max_prompt_frames // models.up_rate
     prompts = burst_prompt_tokens(max_streams, top)
     if per_voice_pool:
-        frame = kv_frame_nbytes(cast(Any, models.flow), cfg)
-        frames = sum(2 * cfg.stream_frames(t * models.up_rate) for t in prompts)
-        cfg = replace(cfg, cache_mib=-(-frames * frame // 2**20))
+        cfg = replace(cfg, cache_mib=pool_mib_for(models, cfg, prompts))
     torch.cuda.synchronize()
     events = _events()
     eng = new_engine(models, cfg)
