@@ -255,7 +255,14 @@ def cache_mib_for(streams: int, prompt_frames: int, n_timesteps: int, precision:
                   blocks: int = DIT_BLOCKS, width: int = DIT_ATTENTION_WIDTH) -> int:
     """The ``token2wav_cache_mib`` that holds ``streams`` streams of ``prompt_frames``-frame
     prompts at once (both CFG rows of each): size it by the voices served, not the longest."""
-    frames = streams * 2 * stream_cache_frames(prompt_frames)
+    return cache_mib_for_frames(streams * 2 * stream_cache_frames(prompt_frames), n_timesteps,
+                                precision, blocks, width)
+
+
+def cache_mib_for_frames(frames: int, n_timesteps: int, precision: str,
+                         blocks: int = DIT_BLOCKS, width: int = DIT_ATTENTION_WIDTH) -> int:
+    """The least ``token2wav_cache_mib`` that holds ``frames`` key/value frames (rows of
+    prompts of any mix of lengths, each :func:`stream_cache_frames` per CFG row)."""
     return -(-frames * kv_frame_bytes(n_timesteps, precision, blocks, width) // 2**20)
 
 

@@ -139,6 +139,7 @@ def test_a_per_voice_burst_pool_admits_every_burst_voice_at_once_in_less_than_ev
                     cache_mib=pool_mib_for(models, eng.config, prompts))
     assert pooled.runner.pool.capacity < every_slot
     for i, tokens in enumerate(prompts):
-        assert pooled.admits(random_voice(f"b{i}", tokens, models.up_rate, i)), i
-        pooled.add_stream(i, random_voice(f"b{i}", tokens, models.up_rate, i))
+        voice = random_voice(f"b{i}", tokens, models.up_rate, i)
+        assert pooled.admits(voice), i
+        pooled.add_stream(i, voice)
     assert pooled.num_streams == 16

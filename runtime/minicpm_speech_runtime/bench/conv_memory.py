@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from minicpm_speech_contract.extras import cache_mib_for_frames
 from torch import nn
 
 from ..assets import Code2WavModels, load_code2wav
 from ..engine import EngineConfig
 from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, MIN_PROMPT_TOKENS
-from ..engine.runner import kv_frame_nbytes
+from ..engine.runner import dit_dims
 from ..engine.workspace import OP_MEMORY_BOUND_BYTES, bounded_convs
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..voice.device import PreparedVoice
@@ -239,9 +240,9 @@ def burst_prompt_tokens(max_streams: int, top: int) -> list[int]:
 
 def pool_mib_for(models: Code2WavModels, cfg: EngineConfig, prompts: list[int]) -> int:
     """The least ``cache_mib`` that holds streams of these prompts (in tokens) all at once."""
-    frame = kv_frame_nbytes(cast(Any, models.flow), cfg)
     frames = sum(2 * cfg.stream_frames(t * models.up_rate) for t in prompts)
-    return -(-frames * frame // 2**20)
+    return cache_mib_for_frames(frames, cfg.n_timesteps, cfg.precision,
+                                *dit_dims(cast(Any, models.flow)))
 
 
 def burst(
