@@ -186,8 +186,9 @@ def test_the_api_server_counts_a_stream_and_refuses_new_ones_while_draining(pod:
         return float(match.group(1))
 
     def settles_to(value: float, within_s: float = 30.0) -> bool:
-        """The count is read through the supervisor's /metrics, a moment behind the server;
-        it must reach ``value`` within the wait (a leak never reaches 0)."""
+        """The middleware counts a request once the server has parsed its headers and releases
+        it when the app returns, which may be a moment after the client's last byte: the count
+        must reach ``value`` within the wait, not at once (a leak never reaches 0)."""
         deadline = time.monotonic() + within_s
         while counted() != value:
             if time.monotonic() > deadline:
