@@ -271,21 +271,26 @@ def burst(
     held = torch.cuda.memory_allocated()
     warm_transient = torch.cuda.max_memory_allocated() - max(before_warmup, held)
     warm_events = _delta(events)
+    reserved_after_warmup = torch.cuda.memory_reserved()
     events = _events()
     for i, tokens in enumerate(prompts):
         eng.add_stream(i, random_voice(f"burst{i}", tokens, models.up_rate, 1000 + i,
                                               models.device))
         eng.push_tokens(i, torch.randint(0, 6561, (utterance_tokens,)).tolist(), last=True)
-    step_transient, steps = 0, 0
+    step_transient, steps, reserved_peak, event_steps = 0, 0, 0, []
     t1 = time.perf_counter()
     with torch.no_grad():
         while eng.num_streams:
-            a0 = torch.cuda.memory_allocated()
+            a0, e0 = torch.cuda.memory_allocated(), _events()
             torch.cuda.reset_peak_memory_stats()
             eng.step()
             torch.cuda.synchronize()
             a1 = torch.cuda.memory_allocated()
             step_transient = max(step_transient, torch.cuda.max_memory_allocated() - max(a0, a1))
+            reserved_peak = max(reserved_peak, torch.cuda.max_memory_reserved())
+            flushed = _delta(e0)
+            if any(flushed.values()):  # which step made the allocator flush its cache
+                event_steps.append({"step": steps, "held_before_gib": a0 / 2**30} | flushed)
             steps += 1
     return {
         "max_streams": max_streams,
@@ -299,7 +304,11 @@ def burst(
         "burst_s": time.perf_counter() - t1,
         "burst_step_transient_mib": step_transient / 2**20,
         "held_after_warmup_gib": held / 2**30,
-        "reserved_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
+        # reserved beyond held: graph pools and the allocator's cached blocks
+        "reserved_after_warmup_gib": reserved_after_warmup / 2**30,
+        "reserved_peak_gib": reserved_peak / 2**30,
+        "burst_event_steps": event_steps,
+        "device_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
         "graph_stats": eng.graph_stats(),
     }
 
