@@ -9,6 +9,8 @@
   derived from the longest stream, the server's grace, and the termination grace period.
 - :mod:`.pod_metrics`: the serving pod's metrics an autoscaler reads, by name.
 - :mod:`.paths`: walking a key path through a parsed document.
+- :mod:`.allocator`: the CUDA caching allocator's settings for every process that runs the
+  engine.
 - :mod:`.bounded`: reading a user's YAML or JSON within limits on size, depth, nodes and
   aliases, refused before anything expands.
 

@@ -50,3 +50,4 @@ def test_no_conv_asks_beyond_the_bound_and_the_allocator_never_retries(tmp_path:
         assert burst["warmup_transient_mib"] <= bound_mib, mode
         assert burst["burst_step_transient_mib"] <= bound_mib, mode
         assert burst["graph_stats"]["captures_after_warmup"] == 0, mode
+        assert burst["expandable_segments"], mode  # the serving pod's allocator settings

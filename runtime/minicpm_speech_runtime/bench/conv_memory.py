@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import os
 import platform
 import tempfile
 import time
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from minicpm_speech_contract.allocator import ALLOC_CONF_ENV
 from minicpm_speech_contract.extras import cache_mib_for_frames
 from torch import nn
 
@@ -45,7 +47,12 @@ from ..assets import Code2WavModels, load_code2wav
 from ..engine import EngineConfig
 from ..engine.config import CHUNK_TOKENS, LOOKAHEAD_TOKENS, MIN_PROMPT_TOKENS
 from ..engine.runner import dit_dims
-from ..engine.workspace import OP_MEMORY_BOUND_BYTES, bounded_convs
+from ..engine.workspace import (
+    OP_MEMORY_BOUND_BYTES,
+    bounded_convs,
+    expandable_segments_in_use,
+    use_serving_allocator,
+)
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..voice.device import PreparedVoice
 from .engine_bench import new_engine
@@ -309,6 +316,7 @@ def burst(
         "reserved_peak_gib": reserved_peak / 2**30,
         "burst_event_steps": event_steps,
         "device_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
+        "expandable_segments": expandable_segments_in_use(),
         "graph_stats": eng.graph_stats(),
     }
 
@@ -362,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--git-rev", default="")
     p.add_argument("--json", type=Path, required=True)
     a = p.parse_args(argv)
+    use_serving_allocator()
     if not torch.cuda.is_available():
         raise SystemExit("conv_memory measures CUDA memory: run it on a machine with a GPU")
     bound = OP_MEMORY_BOUND_BYTES
@@ -380,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         "dims": a.generate,
         "bound_bytes": bound,
         "bounded_convs": not a.no_bound,
+        "allocator_conf": os.environ.get(ALLOC_CONF_ENV),
         "every_nth_length": a.every_nth_length,
         **run(models, a.max_streams, a.max_prompt_frames, batches, bound, a.every_nth_length,
               bounded=not a.no_bound, with_burst=not a.skip_burst,

@@ -51,6 +51,7 @@ from ..assets import Code2WavModels, load_code2wav
 from ..engine import Code2WavEngine
 from ..engine import EngineConfig as EngineConfig  # engine_ab replaces it by this name
 from ..engine.config import HISTORY_FRAMES
+from ..engine.workspace import use_serving_allocator
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from .parity import drain, fixed_nsf_noise, make_voices, max_diff, reference_chunks, utterance
 from .reference_driver import ReferenceDriver
@@ -492,6 +493,7 @@ def main() -> None:
         "--skip", default="", help="stages to leave out: parity, burst (comma-separated)"
     )
     a = p.parse_args()
+    use_serving_allocator()
     skip = {x for x in a.skip.split(",") if x}
     if not skip <= OPTIONAL_STAGES:
         p.error(f"--skip {a.skip!r}: stages that can be left out are {sorted(OPTIONAL_STAGES)}")

@@ -31,6 +31,7 @@ from minicpm_speech_contract.extras import PROMPT_FRAMES_PER_SECOND, cache_mib_f
 from ..assets import Code2WavModels, load_code2wav
 from ..engine import EngineConfig
 from ..engine.runner import dit_dims
+from ..engine.workspace import use_serving_allocator
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from .engine_bench import (
     bench_voices,
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--png", type=Path)
     a = p.parse_args(argv)
+    use_serving_allocator()
     modes = dict(a.mode) or {"fp32": {}}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ckpt = tempfile.TemporaryDirectory()  # for the whole run: the speaker model loads from it

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 import yaml
 
+from ..engine.workspace import use_serving_allocator
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
 from ..fixtures.synth import voice_like, wav_bytes
 from . import vllm_stand_ins
@@ -556,6 +557,7 @@ def main() -> None:
                    help="stage-2 steps from a request's arrival to its first window")
     p.add_argument("--skip-engine", action="store_true")
     a = p.parse_args()
+    use_serving_allocator()
     # before anything imports vLLM-Omni's stage-2 code (all of it is imported lazily below)
     stand_ins = vllm_stand_ins.install()
     res: dict[str, Any] = {

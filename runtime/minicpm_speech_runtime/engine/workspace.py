@@ -21,9 +21,11 @@ is allowed, cuDNN's plans asked for at most 134 MiB across the same shapes and s
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
+from minicpm_speech_contract.allocator import ALLOC_CONF_ENV, with_allocator_conf
 
 OP_MEMORY_BOUND_BYTES = 1 << 30  # what any one op may ask for beyond the engine's buffers
 
@@ -58,3 +60,23 @@ def without_tf32(bounded: bool = True) -> Iterator[None]:
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def use_serving_allocator() -> None:
+    """Give this process the CUDA allocator settings the serving pod's server runs with
+    (:mod:`minicpm_speech_contract.allocator`), so that a bench measures what the pod runs.
+    Call it before the first CUDA allocation: the allocator reads them once."""
+    wanted = with_allocator_conf(os.environ)
+    if wanted.get(ALLOC_CONF_ENV) == os.environ.get(ALLOC_CONF_ENV):
+        return
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        raise RuntimeError(f"CUDA is already initialised: set {ALLOC_CONF_ENV}="
+                           f"{wanted[ALLOC_CONF_ENV]!r} before it is, or in the environment")
+    os.environ[ALLOC_CONF_ENV] = wanted[ALLOC_CONF_ENV]
+
+
+def expandable_segments_in_use() -> bool:
+    """Whether the caching allocator's segments are expandable: what the settings did."""
+    snapshot = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call]
+    return any(seg.get("is_expandable") for seg in snapshot)
+

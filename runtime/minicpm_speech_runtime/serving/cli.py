@@ -7,9 +7,10 @@
 In order: every check of :mod:`.config` (a failure prints one line and exits 2 for bad
 arguments, 1 otherwise, with nothing started); the health server; the MPS control daemon
 (``--mps``); the server command as a child in its own process group, with
-``PROMETHEUS_MULTIPROC_DIR``, ``MINICPM_SPEECH_CONTROL_DIR`` and
-``MINICPM_SPEECH_DEPLOY_CONFIG`` set; the warm-up (:mod:`.warmup`), after which ``/readyz``
-answers 200; from then on the server's ``/health`` is checked, and a server that stays
+``PROMETHEUS_MULTIPROC_DIR``, ``MINICPM_SPEECH_CONTROL_DIR``,
+``MINICPM_SPEECH_DEPLOY_CONFIG`` and the CUDA allocator's settings
+(:mod:`minicpm_speech_contract.allocator`) set; the warm-up (:mod:`.warmup`), after which
+``/readyz`` answers 200; from then on the server's ``/health`` is checked, and a server that stays
 unhealthy (a dead stage) is stopped.
 
 SIGTERM/SIGINT, once the pod has been ready, first drain it (:mod:`.drain`): ``/readyz``
@@ -41,6 +42,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+
+from minicpm_speech_contract.allocator import with_allocator_conf
 
 from . import control, drain
 from .config import StartupError, SupervisorConfig, parse_args, validate
@@ -108,7 +111,7 @@ class Supervisor:
         self.stop_event.set()
 
     def child_env(self, control_dir: Path, metrics_dir: Path) -> dict[str, str]:
-        env = dict(os.environ)
+        env = with_allocator_conf(os.environ)
         env[control.MULTIPROC_ENV] = str(metrics_dir)
         env[control.CONTROL_DIR_ENV] = str(control_dir)
         if self.config.server.deploy_config is not None:
