@@ -10,9 +10,10 @@ emptied its cache and retried. With expandable segments the same burst reserved 
 ``runtime/bench-results/conv-memory-h100-*``). Beside the LLM stages on one GPU, reserved
 memory is what the others lose.
 
-Both variable names: PyTorch reads ``PYTORCH_ALLOC_CONF`` first and falls back to the older
-``PYTORCH_CUDA_ALLOC_CONF``, which the PyTorch releases the serving images pin still read. A
-value the pod's own environment already sets under either name is kept.
+Both variable names, with one value: PyTorch 2.9 and later read ``PYTORCH_ALLOC_CONF`` first
+and warn at every start where only the older ``PYTORCH_CUDA_ALLOC_CONF`` is set; earlier
+releases read only the older. A value the pod's own environment already sets under either name
+is kept.
 """
 
 from __future__ import annotations
@@ -28,5 +29,5 @@ def with_allocator_conf(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` plus the engine's allocator settings, unless it already chooses its own."""
     env = dict(environ)
     if ALLOC_CONF_ENV not in env and ALLOC_CONF_ENV_NEW not in env:
-        env[ALLOC_CONF_ENV] = ALLOC_CONF
+        env[ALLOC_CONF_ENV] = env[ALLOC_CONF_ENV_NEW] = ALLOC_CONF
     return env

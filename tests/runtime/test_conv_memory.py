@@ -4,8 +4,11 @@ convolutions on the bounded path. The bound itself is measured on a GPU
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from minicpm_speech_contract.allocator import ALLOC_CONF, ALLOC_CONF_ENV, ALLOC_CONF_ENV_NEW
 from minicpm_speech_runtime.bench.conv_memory import (
     SweepRow,
     burst_prompt_tokens,
@@ -26,7 +29,11 @@ from minicpm_speech_runtime.bench.parity import (
 )
 from minicpm_speech_runtime.engine.config import LOOKAHEAD_TOKENS
 from minicpm_speech_runtime.engine.vocoder import GRAPH_SHAPES, TAIL_SHAPES
-from minicpm_speech_runtime.engine.workspace import OP_MEMORY_BOUND_BYTES, bounded_convs
+from minicpm_speech_runtime.engine.workspace import (
+    OP_MEMORY_BOUND_BYTES,
+    bounded_convs,
+    use_serving_allocator,
+)
 
 PROMPT_FRAMES = 24  # prompts of 2 to 12 tokens
 
@@ -143,3 +150,19 @@ def test_a_per_voice_burst_pool_admits_every_burst_voice_at_once_in_less_than_ev
         assert pooled.admits(voice), i
         pooled.add_stream(i, voice)
     assert pooled.num_streams == 16
+
+
+def test_a_bench_runs_with_the_serving_pods_allocator_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a bench measures is what the pod runs: the allocator's settings come from one
+    owner, set before CUDA starts, and a choice made in the environment is kept."""
+    monkeypatch.delenv(ALLOC_CONF_ENV, raising=False)
+    monkeypatch.delenv(ALLOC_CONF_ENV_NEW, raising=False)
+    use_serving_allocator()
+    assert os.environ[ALLOC_CONF_ENV] == os.environ[ALLOC_CONF_ENV_NEW] == ALLOC_CONF
+    monkeypatch.delenv(ALLOC_CONF_ENV)
+    monkeypatch.setenv(ALLOC_CONF_ENV_NEW, "expandable_segments:False")
+    use_serving_allocator()
+    assert os.environ[ALLOC_CONF_ENV_NEW] == "expandable_segments:False"
+    assert ALLOC_CONF_ENV not in os.environ

@@ -123,6 +123,8 @@ def pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pod:
     for key in list(os.environ):
         if key.startswith("FAKE_") and key != "FAKE_SERVER_LOG":
             monkeypatch.delenv(key)
+    for key in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the pod sets its own
+        monkeypatch.delenv(key, raising=False)
     return Pod(tmp_path, env)
 
 

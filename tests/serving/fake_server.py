@@ -188,8 +188,8 @@ def record_metrics() -> None:
 def main() -> None:
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8091
-    event("start", argv=argv, env={k: v for k, v in os.environ.items()
-                                   if k.startswith(("MINICPM_SPEECH", "PROMETHEUS", "CUDA_MPS"))})
+    recorded = ("MINICPM_SPEECH", "PROMETHEUS", "CUDA_MPS", "PYTORCH")
+    event("start", argv=argv, env={k: v for k, v in os.environ.items() if k.startswith(recorded)})
 
     def on_term(signum: int, frame: object) -> None:
         event("signal", signum=signum)

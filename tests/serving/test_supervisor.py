@@ -35,6 +35,8 @@ def test_readiness_flips_only_after_warmup(pod: Pod, start: Any) -> None:
     assert env["PROMETHEUS_MULTIPROC_DIR"] == str(pod.root / "run" / "metrics")
     assert env["MINICPM_SPEECH_CONTROL_DIR"] == str(pod.root / "run" / "control")
     assert env["MINICPM_SPEECH_DEPLOY_CONFIG"].endswith("deploy-config.yaml")
+    # expandable segments: a burst of cold voices must not make the allocator flush and retry
+    assert env["PYTORCH_ALLOC_CONF"] == env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     run.terminate()
     assert run.wait_exit() == 0
 

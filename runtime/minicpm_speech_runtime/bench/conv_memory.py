@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from minicpm_speech_contract.allocator import ALLOC_CONF_ENV
+from minicpm_speech_contract.allocator import ALLOC_CONF_ENV, ALLOC_CONF_ENV_NEW
 from minicpm_speech_contract.extras import cache_mib_for_frames
 from torch import nn
 
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         "dims": a.generate,
         "bound_bytes": bound,
         "bounded_convs": not a.no_bound,
-        "allocator_conf": os.environ.get(ALLOC_CONF_ENV),
+        "allocator_conf": os.environ.get(ALLOC_CONF_ENV_NEW, os.environ.get(ALLOC_CONF_ENV)),
         "every_nth_length": a.every_nth_length,
         **run(models, a.max_streams, a.max_prompt_frames, batches, bound, a.every_nth_length,
               bounded=not a.no_bound, with_burst=not a.skip_burst,

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator
 
 import torch
-from minicpm_speech_contract.allocator import ALLOC_CONF_ENV, with_allocator_conf
+from minicpm_speech_contract.allocator import ALLOC_CONF, ALLOC_CONF_ENV, with_allocator_conf
 
 OP_MEMORY_BOUND_BYTES = 1 << 30  # what any one op may ask for beyond the engine's buffers
 
@@ -66,13 +66,13 @@ def use_serving_allocator() -> None:
     """Give this process the CUDA allocator settings the serving pod's server runs with
     (:mod:`minicpm_speech_contract.allocator`), so that a bench measures what the pod runs.
     Call it before the first CUDA allocation: the allocator reads them once."""
-    wanted = with_allocator_conf(os.environ)
-    if wanted.get(ALLOC_CONF_ENV) == os.environ.get(ALLOC_CONF_ENV):
+    added = {k: v for k, v in with_allocator_conf(os.environ).items() if k not in os.environ}
+    if not added:
         return
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         raise RuntimeError(f"CUDA is already initialised: set {ALLOC_CONF_ENV}="
-                           f"{wanted[ALLOC_CONF_ENV]!r} before it is, or in the environment")
-    os.environ[ALLOC_CONF_ENV] = wanted[ALLOC_CONF_ENV]
+                           f"{ALLOC_CONF!r} before it is, or in the environment")
+    os.environ.update(added)
 
 
 def expandable_segments_in_use() -> bool:
