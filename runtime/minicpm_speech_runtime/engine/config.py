@@ -44,7 +44,8 @@ class EngineConfig:
     ``bounded_convs`` runs fp32 convolutions (TF32 off) without cuDNN, whose plans asked for
     up to 140 GiB of workspace (:mod:`.workspace`); off only to measure that.
     ``vocoder_tf32`` off runs HiFT and its F0 predictor in plain fp32 whatever ``tf32`` says:
-    vLLM-Omni measured TF32 there to shift the log-mel by 0.7-1.4 dB.
+    vLLM-Omni measured TF32 there to shift the log-mel by 0.7-1.4 dB; on an H100 it cost
+    ``bf16`` at C64 three quarters of its throughput for 0.7 dB, so it stays a parity setting.
     A stream's estimator keys and values take :meth:`stream_frames` of its own prompt from a
     pool of ``cache_mib`` of device memory; unset, the pool holds ``max_streams`` streams of
     the longest prompt, so a free slot always admits. A smaller pool serves more streams per
