@@ -14,6 +14,10 @@ Both variable names, with one value: PyTorch 2.9 and later read ``PYTORCH_ALLOC_
 and warn at every start where only the older ``PYTORCH_CUDA_ALLOC_CONF`` is set; earlier
 releases read only the older. A value the pod's own environment already sets under either name
 is kept.
+
+vLLM refuses expandable segments beside a KV connector (``kv_transfer_config``) unless its cumem
+allocator is on, since a remap would leave pinned KV registrations stale. The deploy configs the
+operator renders configure none: vLLM-Omni's stages talk through its own connectors.
 """
 
 from __future__ import annotations
