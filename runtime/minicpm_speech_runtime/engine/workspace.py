@@ -79,4 +79,3 @@ def expandable_segments_in_use() -> bool:
     """Whether the caching allocator's segments are expandable: what the settings did."""
     snapshot = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call]
     return any(seg.get("is_expandable") for seg in snapshot)
-
