@@ -17,18 +17,19 @@ def test_every_mode_gets_a_row_per_concurrency_with_its_fidelity(
 ) -> None:
     out, png = tmp_path / "precision.json", tmp_path / "precision.png"
     precision_bench.main([
-        "--generate", "tiny", "--conc", "2", "--window", "0.3", "--voices", "2",
-        "--fidelity-voices", "2", "--fidelity-tokens", "40", "--mode", "fp32:",
-        "--mode", "bf16-cache:precision=bf16-cache,n_timesteps=5",
+        "--generate", "tiny", "--conc", "1,2", "--window", "0.3", "--voices", "2",
+        "--fidelity-voices", "2", "--fidelity-tokens", "40", "--mode", "fp32:conc=2",
+        "--mode", "bf16-cache:precision=bf16-cache,n_timesteps=5,conc=2",
         "--mode", "fp32-pool:pool_prompt_s=mean",
         "--git-rev", "test", "--json", str(out), "--png", str(png),
     ])  # fmt: skip
     doc = json.loads(out.read_text())
     rows = doc["rows"]
+    # a mode's own ``conc`` narrows --conc; the others run at every C
     assert [(r["mode"], r["concurrency"]) for r in rows] == [
-        ("fp32", 2), ("bf16-cache", 2), ("fp32-pool", 2)]
+        ("fp32", 2), ("bf16-cache", 2), ("fp32-pool", 1), ("fp32-pool", 2)]
     assert all(set(r) == set(ROW_FIELDS) for r in rows)
-    fp32, bf16, pooled = rows
+    fp32, bf16, _, pooled = rows
     assert fp32["flow_snr_db"] == "inf"  # the reference itself: identical
     assert (bf16["precision"], bf16["n_timesteps"]) == ("bf16-cache", 5)
     assert bf16["flow_snr_db"] < 100  # five steps: a real change
@@ -45,3 +46,19 @@ def test_every_mode_gets_a_row_per_concurrency_with_its_fidelity(
 def test_a_pool_size_that_is_no_prompt_length_is_refused_naming_the_key(value: str) -> None:
     with pytest.raises(SystemExit, match="pool_prompt_s is seconds"):
         precision_bench.parse_mode(f"pool:pool_prompt_s={value}")
+
+
+@pytest.mark.parametrize("value", ["", "x", "0", "64+", "64+x", "2000"])
+def test_a_mode_concurrency_that_is_no_count_is_refused_naming_the_key(value: str) -> None:
+    with pytest.raises(SystemExit, match="conc is concurrencies joined by"):
+        precision_bench.parse_mode(f"fp32:conc={value}")
+
+
+def test_a_mode_whose_concurrencies_are_not_in_the_sweep_is_refused_before_any_work(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "precision.json"
+    with pytest.raises(SystemExit, match="names none of --conc 64"):
+        precision_bench.main(["--generate", "tiny", "--conc", "64", "--mode", "fp32:conc=128",
+                              "--json", str(out)])
+    assert not out.exists()

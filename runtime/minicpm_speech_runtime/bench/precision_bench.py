@@ -49,19 +49,24 @@ ROW_FIELDS = ("mode", "precision", "n_timesteps", "concurrency", "audio_s_per_s"
 
 
 POOL_KEY = "pool_prompt_s"
+CONC_KEY = "conc"
+BENCH_KEYS = (POOL_KEY, CONC_KEY)  # the bench's own keys, not EngineConfig fields
+MAX_CONC = 1024
 
 
 def parse_mode(text: str) -> tuple[str, dict[str, Any]]:
     """A ``--mode``: :func:`~.fidelity.parse_candidate`'s ``name:key=value,...``, and
     ``pool_prompt_s=S`` (or ``=mean``) to size the key/value pool (``cache_mib``) for C
-    streams of S-second prompts (of the bench voices' mean prompt) instead of the longest."""
+    streams of S-second prompts (of the bench voices' mean prompt) instead of the longest,
+    and ``conc=64+128`` to run this mode at those of ``--conc`` only (fp32 at C128 does not
+    fit an 80 GB card, while the other modes do)."""
     name, _, body = text.partition(":")
     items = body.split(",")
-    pool = [i.partition("=")[2] for i in items if i.startswith(POOL_KEY + "=")]
-    rest = ",".join(i for i in items if not i.startswith(POOL_KEY + "="))
+    mine = {k: [i.partition("=")[2] for i in items if i.startswith(k + "=")] for k in BENCH_KEYS}
+    rest = ",".join(i for i in items if not i.startswith(BENCH_KEYS))
     name, overrides = parse_candidate(f"{name}:{rest}")
-    if pool:
-        value = pool[-1]
+    if mine[POOL_KEY]:
+        value = mine[POOL_KEY][-1]
         try:
             ok = value == "mean" or 0 < float(value) <= 60
         except ValueError:
@@ -69,14 +74,26 @@ def parse_mode(text: str) -> tuple[str, dict[str, Any]]:
         if not ok:
             raise SystemExit(f"--mode {text[:80]!r}: {POOL_KEY} is seconds (0-60] or 'mean'")
         overrides[POOL_KEY] = value
+    if mine[CONC_KEY]:
+        parts = mine[CONC_KEY][-1].split("+")
+        if not all(p.isdigit() and 0 < int(p) <= MAX_CONC for p in parts):
+            raise SystemExit(f"--mode {text[:80]!r}: {CONC_KEY} is concurrencies joined by '+' "
+                             f"(1-{MAX_CONC}), e.g. {CONC_KEY}=64+128")
+        overrides[CONC_KEY] = [int(p) for p in parts]
     return name, overrides
+
+
+def mode_concurrencies(overrides: dict[str, Any], concs: list[int]) -> list[int]:
+    """The concurrencies of ``--conc`` this mode runs at: all, or those its ``conc`` names."""
+    wanted = overrides.get(CONC_KEY)
+    return [c for c in concs if wanted is None or c in wanted]
 
 
 def engine_overrides(overrides: dict[str, Any], models: Code2WavModels, streams: int,
                      voices: list[Any]) -> dict[str, Any]:
     """The mode's ``EngineConfig`` fields for ``streams`` streams of these voices: a pool
     sized by ``pool_prompt_s``, and never below one stream of the longest prompt."""
-    fields = {k: v for k, v in overrides.items() if k != POOL_KEY}
+    fields = {k: v for k, v in overrides.items() if k not in BENCH_KEYS}
     if POOL_KEY in overrides:
         value = overrides[POOL_KEY]
         frames = (mean_prompt_frames(voices) if value == "mean"
@@ -153,6 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     use_serving_allocator()
     modes = dict(a.mode) or {"fp32": {}}
+    concs = [int(c) for c in a.conc.split(",") if c]
+    for mode, overrides in modes.items():
+        if not mode_concurrencies(overrides, concs):
+            raise SystemExit(f"--mode {mode}: {CONC_KEY}={overrides[CONC_KEY]} names none of "
+                             f"--conc {a.conc}; list them in --conc too")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ckpt = tempfile.TemporaryDirectory()  # for the whole run: the speaker model loads from it
     write_random_checkpoint(ckpt.name, REAL if a.generate == "real" else TINY,
@@ -161,7 +183,6 @@ def main(argv: list[str] | None = None) -> None:
     voices = bench_voices(models, max(a.voices, a.fidelity_voices))
     # the DiT's roofline figure only; 4096^3 matmuls would take a CPU most of a minute
     peak = matmul_peak()["tf32_tflops"] if device == "cuda" else 1.0
-    concs = [int(c) for c in a.conc.split(",") if c]
     fid_streams = min(32, a.fidelity_voices)
     fid_voices = voices[: a.fidelity_voices]
     figures = {f["candidate"]: f for f in fidelity(
@@ -176,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
            "window_s": a.window, "modes": modes, "rows": []}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     for mode, overrides in modes.items():
-        for c in concs:
+        for c in mode_concurrencies(overrides, concs):
             fields = engine_overrides(overrides, models, c, voices[: a.voices])
             run = run_engine(models, voices[: a.voices], c, a.window, peak,
                              a.graphs == "on", True, **fields)
