@@ -4,7 +4,10 @@ convolutions on the bounded path. The bound itself is measured on a GPU
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,3 +169,73 @@ def test_a_bench_runs_with_the_serving_pods_allocator_settings(
     use_serving_allocator()
     assert os.environ[ALLOC_CONF_ENV_NEW] == "expandable_segments:False"
     assert ALLOC_CONF_ENV not in os.environ
+
+
+def _fake_stages(monkeypatch: pytest.MonkeyPatch, fail_at: str = "") -> list[str]:
+    """The bench's GPU stages replaced by recorders (their figures need CUDA); ``fail_at``
+    makes that stage raise, as a command killed at its time limit would stop there."""
+    from minicpm_speech_runtime.bench import conv_memory
+
+    ran: list[str] = []
+    call = conv_memory.ConvCall("flow.encoder.up_layer.conv", "Conv1d", 4, 8)
+    row = SweepRow(call.module, call.kind, 4, 8, 1, 0, 0, 0, 0.1)
+
+    def stage(name: str, result: object, tf32_at: int | None = None) -> Callable[..., object]:
+        def run(*args: object, **kwargs: object) -> object:
+            label = name if tf32_at is None else f"{name}:{'on' if args[tf32_at] else 'off'}"
+            if label == fail_at:
+                raise KeyboardInterrupt(label)
+            ran.append(label)
+            return result
+        return run
+
+    monkeypatch.setattr(conv_memory, "conv_calls", stage("shapes", [call]))
+    monkeypatch.setattr(conv_memory, "distinct_plans", lambda models, calls: calls)
+    monkeypatch.setattr(conv_memory, "sweep", stage("sweep", [row], tf32_at=3))
+    monkeypatch.setattr(conv_memory, "burst", stage("burst", {"burst_events": {}}, tf32_at=2))
+    return ran
+
+
+def test_each_finished_stage_is_saved_before_the_next_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU command cut short at its time limit keeps every stage it finished."""
+    from minicpm_speech_runtime.bench import conv_memory
+
+    ran = _fake_stages(monkeypatch, fail_at="burst:on")
+    saved: list[dict[str, object]] = []
+    with pytest.raises(KeyboardInterrupt):
+        conv_memory.run(None, 4, 24, [1], OP_MEMORY_BOUND_BYTES,  # type: ignore[arg-type]
+                        save=lambda out: saved.append(json.loads(json.dumps(out))))
+    assert ran == ["shapes", "sweep:off", "burst:off", "sweep:on"]
+    last = saved[-1]
+    assert set(last) == {"shapes", "tf32_off", "tf32_on"}
+    assert set(last["tf32_off"]) == {"sweep", "burst"}  # type: ignore[arg-type]
+    assert set(last["tf32_on"]) == {"sweep"}  # type: ignore[arg-type]
+    assert [sorted(s) for s in saved] == [  # one save per finished stage, none after the kill
+        ["shapes"], ["shapes", "tf32_off"], ["shapes", "tf32_off"],
+        ["shapes", "tf32_off", "tf32_on"]]
+
+
+def test_the_sweep_and_the_bursts_run_as_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole check, over one command's GPU time, splits into parts by TF32 and stage."""
+    from minicpm_speech_runtime.bench import conv_memory
+
+    ran = _fake_stages(monkeypatch)
+    out = conv_memory.run(None, 4, 24, [1], OP_MEMORY_BOUND_BYTES,  # type: ignore[arg-type]
+                          with_sweep=False, tf32_modes=conv_memory.TF32_STAGES["on"])
+    assert ran == ["burst:on"] and set(out) == {"tf32_on"}
+    ran.clear()
+    out = conv_memory.run(None, 4, 24, [1], OP_MEMORY_BOUND_BYTES,  # type: ignore[arg-type]
+                          with_burst=False, tf32_modes=conv_memory.TF32_STAGES["off"])
+    assert ran == ["shapes", "sweep:off"] and set(out) == {"shapes", "tf32_off"}
+
+
+def test_a_run_that_would_measure_nothing_is_refused_before_it_loads_a_model(
+    tmp_path: Path,
+) -> None:
+    from minicpm_speech_runtime.bench import conv_memory
+
+    with pytest.raises(SystemExit, match="leave nothing to measure"):
+        conv_memory.main(["--skip-sweep", "--skip-burst", "--json", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()

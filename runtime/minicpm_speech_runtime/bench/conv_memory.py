@@ -21,6 +21,9 @@ Usage::
 
     python -m minicpm_speech_runtime.bench.conv_memory --generate real --max-streams 64 \\
         --git-rev "$(git rev-parse --short HEAD)" --json runtime/bench-results/conv-memory.json
+
+The JSON is rewritten after each stage. ``--tf32 off|on`` and ``--skip-sweep``/``--skip-burst``
+run a part of it: the whole check takes the better part of half an hour.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -321,29 +324,48 @@ def burst(
     }
 
 
+TF32_STAGES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
 def run(models: Code2WavModels, max_streams: int, max_prompt_frames: int,
         batches: list[int] | None, bound: int, every_nth_length: int = 1,
         bounded: bool = True, with_burst: bool = True,
-        per_voice_pool: bool = False) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    calls = conv_calls(models, max_prompt_frames, tf32=False)  # shapes do not depend on TF32
-    out: dict[str, Any] = {"shapes": {
-        "calls": len(calls), "modules": len({c.module for c in calls}),
-        "distinct_plans": len(distinct_plans(models, calls)), "seconds": time.perf_counter() - t0,
-    }}
-    print(json.dumps({"shapes": out["shapes"]}), flush=True)
-    calls = calls[::every_nth_length]
-    for tf32 in (False, True):
+        per_voice_pool: bool = False, with_sweep: bool = True,
+        tf32_modes: tuple[bool, ...] = (False, True),
+        save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The stages asked for, in order; ``save`` gets everything measured so far after each
+    one, so a run cut short by a time limit keeps what it finished (and the whole sweep, over
+    a GPU's limit for one command, can run as ``tf32_modes`` and ``with_sweep`` parts)."""
+    out: dict[str, Any] = {}
+    calls: list[ConvCall] = []
+    if with_sweep:
+        t0 = time.perf_counter()
+        calls = conv_calls(models, max_prompt_frames, tf32=False)  # shapes do not depend on TF32
+        out["shapes"] = {
+            "calls": len(calls), "modules": len({c.module for c in calls}),
+            "distinct_plans": len(distinct_plans(models, calls)),
+            "seconds": time.perf_counter() - t0,
+        }
+        print(json.dumps({"shapes": out["shapes"]}), flush=True)
+        if save:
+            save(out)
+        calls = calls[::every_nth_length]
+    for tf32 in tf32_modes:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
         name = "tf32_on" if tf32 else "tf32_off"
         stage: dict[str, Any] = {}
-        t0 = time.perf_counter()
-        rows = sweep(models, calls, batches or list(range(1, max_streams + 1)), tf32, bounded)
-        stage["sweep"] = sweep_summary(rows, bound) | {"seconds": time.perf_counter() - t0}
+        out[name] = stage
+        if with_sweep:
+            t0 = time.perf_counter()
+            rows = sweep(models, calls, batches or list(range(1, max_streams + 1)), tf32, bounded)
+            stage["sweep"] = sweep_summary(rows, bound) | {"seconds": time.perf_counter() - t0}
+            if save:
+                save(out)
         if with_burst:
             stage["burst"] = burst(models, max_streams, tf32, bounded,
                                    per_voice_pool=per_voice_pool)
-        out[name] = stage
+            if save:
+                save(out)
         print(json.dumps({name: {k: _brief(v) for k, v in stage.items()}}), flush=True)
     return out
 
@@ -363,6 +385,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-bound", action="store_true",
                    help="let cuDNN run fp32 convs too: the figures without the engine's bound")
     p.add_argument("--skip-burst", action="store_true")
+    p.add_argument("--skip-sweep", action="store_true",
+                   help="the bursts alone (the sweep can run in a command of its own)")
+    p.add_argument("--tf32", choices=tuple(TF32_STAGES), default="both",
+                   help="the stages with TF32 off, on, or both (one after the other)")
     p.add_argument("--burst-pool", choices=("longest", "per-voice"), default="longest",
                    help="the burst engine's key/value pool: every slot at the longest prompt, "
                         "or sized for the burst's own voices")
@@ -370,6 +396,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--git-rev", default="")
     p.add_argument("--json", type=Path, required=True)
     a = p.parse_args(argv)
+    if a.skip_sweep and a.skip_burst:
+        raise SystemExit("--skip-sweep and --skip-burst leave nothing to measure: drop one")
     use_serving_allocator()
     if not torch.cuda.is_available():
         raise SystemExit("conv_memory measures CUDA memory: run it on a machine with a GPU")
@@ -379,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         write_random_checkpoint(tmp, dims, campplus_onnx=a.campplus_onnx)
         models = load_code2wav(tmp, "cuda")
     batches = [int(b) for b in a.batches.split(",") if b]
-    result = {
+    header = {
         "git_rev": a.git_rev,
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
@@ -391,13 +419,16 @@ def main(argv: list[str] | None = None) -> None:
         "bounded_convs": not a.no_bound,
         "allocator_conf": os.environ.get(ALLOC_CONF_ENV_NEW, os.environ.get(ALLOC_CONF_ENV)),
         "every_nth_length": a.every_nth_length,
-        **run(models, a.max_streams, a.max_prompt_frames, batches, bound, a.every_nth_length,
-              bounded=not a.no_bound, with_burst=not a.skip_burst,
-              per_voice_pool=a.burst_pool == "per-voice"),
     }
     a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(result, indent=1) + "\n")
 
+    def save(measured: dict[str, Any]) -> None:
+        a.json.write_text(json.dumps(header | measured, indent=1) + "\n")
+
+    save(run(models, a.max_streams, a.max_prompt_frames, batches, bound, a.every_nth_length,
+             bounded=not a.no_bound, with_burst=not a.skip_burst,
+             per_voice_pool=a.burst_pool == "per-voice", with_sweep=not a.skip_sweep,
+             tf32_modes=TF32_STAGES[a.tf32], save=save))
 
 if __name__ == "__main__":
     main()
