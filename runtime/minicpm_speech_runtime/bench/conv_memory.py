@@ -327,15 +327,20 @@ def burst(
 TF32_STAGES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
+def stage_name(tf32: bool) -> str:
+    """The JSON key of the stages run with TF32 on or off."""
+    return "tf32_on" if tf32 else "tf32_off"
+
+
 def run(models: Code2WavModels, max_streams: int, max_prompt_frames: int,
         batches: list[int] | None, bound: int, every_nth_length: int = 1,
         bounded: bool = True, with_burst: bool = True,
         per_voice_pool: bool = False, with_sweep: bool = True,
         tf32_modes: tuple[bool, ...] = (False, True),
-        save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        save: Callable[[dict[str, Any]], None] = lambda measured: None) -> dict[str, Any]:
     """The stages asked for, in order; ``save`` gets everything measured so far after each
-    one, so a run cut short by a time limit keeps what it finished (and the whole sweep, over
-    a GPU's limit for one command, can run as ``tf32_modes`` and ``with_sweep`` parts)."""
+    one, so a run cut short by a time limit keeps what it finished (and the whole check, the
+    better part of half an hour, can run as ``tf32_modes`` and ``with_sweep`` parts)."""
     out: dict[str, Any] = {}
     calls: list[ConvCall] = []
     if with_sweep:
@@ -347,25 +352,22 @@ def run(models: Code2WavModels, max_streams: int, max_prompt_frames: int,
             "seconds": time.perf_counter() - t0,
         }
         print(json.dumps({"shapes": out["shapes"]}), flush=True)
-        if save:
-            save(out)
+        save(out)
         calls = calls[::every_nth_length]
     for tf32 in tf32_modes:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-        name = "tf32_on" if tf32 else "tf32_off"
+        name = stage_name(tf32)
         stage: dict[str, Any] = {}
         out[name] = stage
         if with_sweep:
             t0 = time.perf_counter()
             rows = sweep(models, calls, batches or list(range(1, max_streams + 1)), tf32, bounded)
             stage["sweep"] = sweep_summary(rows, bound) | {"seconds": time.perf_counter() - t0}
-            if save:
-                save(out)
+            save(out)
         if with_burst:
             stage["burst"] = burst(models, max_streams, tf32, bounded,
                                    per_voice_pool=per_voice_pool)
-            if save:
-                save(out)
+            save(out)
         print(json.dumps({name: {k: _brief(v) for k, v in stage.items()}}), flush=True)
     return out
 
