@@ -28,6 +28,11 @@ stepaudio2-minicpmo carried)::
         --campplus-onnx .bench-assets/campplus.onnx --conc 1,8,32,64 --own-conc 1,8,32 \
         --git-rev "$(git rev-parse --short HEAD)" --json runtime/bench-results/served-h200.json \
         --png runtime/bench-results/served-h200.png
+
+``--served-extra KEY=VALUE`` (repeatable) sets a connector extra of the plugin-on rows over the
+high-concurrency profile's, checked as the pod checks a profile: ``token2wav_precision=bf16
+--served-extra token2wav_cache_mib=16960`` measures a precision and a per-voice pool where users
+get them.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 import yaml
+from minicpm_speech_contract.extras import first_problem
 
 from ..engine.workspace import use_serving_allocator
 from ..fixtures.checkpoint import REAL, TINY, write_random_checkpoint
@@ -90,6 +96,7 @@ OWN_EXTRAS: dict[str, Any] = {
     "token2wav_allow_tf32": True,
 }
 CONNECTOR = {"codec_chunk_frames": 25, "codec_left_context_frames": 3}
+MAX_EXTRA_CHARS = 200
 
 
 @dataclasses.dataclass
@@ -451,7 +458,26 @@ def model_folder(workdir: Path, generate: str, campplus_onnx: Path | None) -> Pa
     return root
 
 
-def register_plugin(workdir: Path) -> Path:
+def served_extras(pairs: list[str]) -> dict[str, Any]:
+    """:data:`SERVED_EXTRAS` with ``--served-extra KEY=VALUE`` overrides (each value read as
+    YAML: ``bf16``, ``16960``, ``true``), refused where the pod would refuse the profile."""
+    extras = dict(SERVED_EXTRAS)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or len(pair) > MAX_EXTRA_CHARS:
+            raise SystemExit(f"--served-extra {pair[:80]!r}: write KEY=VALUE (at most "
+                             f"{MAX_EXTRA_CHARS} characters), e.g. token2wav_precision=bf16")
+        try:
+            extras[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise SystemExit(f"--served-extra {pair[:80]!r}: the value is not YAML") from None
+    problem = first_problem(extras)
+    if problem is not None:
+        raise SystemExit(f"--served-extra: {problem.line()}")
+    return extras
+
+
+def register_plugin(workdir: Path, extras: dict[str, Any]) -> Path:
     """The plugin registered in this process, as the supervisor's environment makes it; returns
     the control directory it writes."""
     from ..serving import plugin
@@ -459,7 +485,7 @@ def register_plugin(workdir: Path) -> Path:
 
     deploy = workdir / "deploy.yaml"
     deploy.write_text(yaml.safe_dump(
-        {"connectors": {"connector_of_shared_memory": {"extra": SERVED_EXTRAS}}}))
+        {"connectors": {"connector_of_shared_memory": {"extra": extras}}}))
     control = workdir / "control"
     os.environ[DEPLOY_CONFIG_ENV] = str(deploy)
     os.environ[CONTROL_DIR_ENV] = str(control)
@@ -555,8 +581,12 @@ def main() -> None:
     p.add_argument("--profile-conc", default="", help="served C to time by phase")
     p.add_argument("--lead-steps", type=int, default=3,
                    help="stage-2 steps from a request's arrival to its first window")
+    p.add_argument("--served-extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="a connector extra for the plugin-on rows (repeatable), over the "
+                   "high-concurrency profile's, e.g. token2wav_precision=bf16")
     p.add_argument("--skip-engine", action="store_true")
     a = p.parse_args()
+    served = served_extras(a.served_extra)
     use_serving_allocator()
     # before anything imports vLLM-Omni's stage-2 code (all of it is imported lazily below)
     stand_ins = vllm_stand_ins.install()
@@ -568,12 +598,12 @@ def main() -> None:
         else platform.processor(),
         "command": "python -m minicpm_speech_runtime.bench.served_bench "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None),
-        "served_extras": SERVED_EXTRAS,
+        "served_extras": served,
         "vllm_omni_extras": OWN_EXTRAS,
     }
     a.workdir.mkdir(parents=True, exist_ok=True)
     folder = model_folder(a.workdir, a.generate, a.campplus_onnx)
-    control = register_plugin(a.workdir)
+    control = register_plugin(a.workdir, served)
     seconds = [float(s) for s in np.random.default_rng(0).uniform(3.0, 10.0, 64)]
     if torch.cuda.is_available():  # the engine's roofline figures divide by it
         _stage(res, "matmul_peak", matmul_peak)
@@ -584,7 +614,7 @@ def main() -> None:
     for c in concs:
         _stage(res["served"], str(c),
                cast(Callable[[], Any],
-                    lambda c=c: run_served(folder, SERVED_EXTRAS, c, a.window, seconds, control,
+                    lambda c=c: run_served(folder, served, c, a.window, seconds, control,
                                            c in profiled, a.lead_steps)))
         _save(res, a.json)
     if not a.skip_engine:
