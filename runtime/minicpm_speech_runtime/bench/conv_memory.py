@@ -203,9 +203,10 @@ def sweep(
     plans, t_start = distinct_plans(models, calls), time.perf_counter()
     with torch.no_grad(), bounded_convs(bounded and not tf32):
         for n, c in enumerate(plans):
-            if n % 250 == 0:  # a long sweep says how far it is
-                print(f"sweep tf32={'on' if tf32 else 'off'}: plan {n}/{len(plans)}, "
-                      f"{time.perf_counter() - t_start:.0f} s", flush=True)
+            if n % 250 == 0:  # a long sweep says how far it is, and where its time goes
+                print(f"sweep tf32={'on' if tf32 else 'off'}: plan {n}/{len(plans)} "
+                      f"({c.module}, {c.length} frames), {time.perf_counter() - t_start:.0f} s",
+                      flush=True)
             mod = modules[c.module]
             for b in batches:
                 x = torch.randn(b, c.channels, c.length, device=dev)
