@@ -33,6 +33,9 @@ def test_every_mode_gets_a_row_per_concurrency_with_its_fidelity(
     assert fp32["flow_snr_db"] == "inf"  # the reference itself: identical
     assert (bf16["precision"], bf16["n_timesteps"]) == ("bf16-cache", 5)
     assert bf16["flow_snr_db"] < 100  # five steps: a real change
+    # the worst stream beside the whole run: the reference scores no error, a change scores one
+    assert fp32["worst_mel_l1"] == 0 and bf16["worst_mel_l1"] > 0
+    assert bf16["worst_stream_mel_snr_db"] <= bf16["mel_snr_db"]
     assert all(r["audio_s_per_s"] > 0 and r["captures_after_warmup"] == 0 for r in rows)
     # the pool holds two streams of the voices' mean prompt, not two of the longest allowed
     assert fp32["cache_mib"] is None and pooled["cache_mib"] > 0

@@ -5,7 +5,8 @@ fidelity against the fp32 engine from ``fidelity``, on the same random weights a
 Every engine is freed before the next is built. Rows (``rows`` in the JSON): ``mode``,
 ``precision``, ``n_timesteps``, ``concurrency``, ``audio_s_per_s``, ``first_audio_p95_ms``,
 ``peak_mem_gib``, ``flow_snr_db``, ``mel_snr_db``, ``pcm_snr_db``, ``captures_after_warmup``,
-``cache_mib`` and ``estimator_cache_gib``;
+``cache_mib``, ``estimator_cache_gib``, and the worst stream's log-mel SNR and the worst log-mel
+L1 (``worst_stream_mel_snr_db``, ``worst_mel_l1``);
 the fidelity figures are per mode (``--fidelity-voices`` whole streams at up to 32 at once).
 The PNG plots audio-s/s and peak memory against C for each mode.
 
@@ -45,7 +46,8 @@ from .parity import utterance
 
 ROW_FIELDS = ("mode", "precision", "n_timesteps", "concurrency", "audio_s_per_s",
               "first_audio_p95_ms", "peak_mem_gib", "flow_snr_db", "mel_snr_db", "pcm_snr_db",
-              "captures_after_warmup", "cache_mib", "estimator_cache_gib")
+              "captures_after_warmup", "cache_mib", "estimator_cache_gib",
+              "worst_stream_mel_snr_db", "worst_mel_l1")
 
 
 POOL_KEY = "pool_prompt_s"
@@ -117,6 +119,8 @@ def row_of(mode: str, concurrency: int, run: dict[str, Any],
         "pcm_snr_db": figures["pcm_snr_db"],
         "captures_after_warmup": run["cuda_graph_captures_after_warmup"],
         "cache_mib": cfg.cache_mib, "estimator_cache_gib": run["estimator_cache_gib"],
+        "worst_stream_mel_snr_db": figures["worst_stream_mel_snr_db"],
+        "worst_mel_l1": figures["worst_mel_l1"],
     }
 
 
