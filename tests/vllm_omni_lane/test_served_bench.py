@@ -1,6 +1,6 @@
 """The served-path benchmark end to end at tiny dims on CPU, on vLLM-Omni's own stage-2 model:
-the plugin on, vLLM-Omni's own backend and the engine driven directly, one row per C, the
-JSON and the plot a GPU run commits."""
+the plugin on (in ``bf16``, set as a profile sets it), vLLM-Omni's own backend and the engine
+driven directly, one row per C, the JSON and the plot a GPU run commits."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_bench_compares_the_three_paths(tmp_path: Path) -> None:
         [sys.executable, "-m", "minicpm_speech_runtime.bench.served_bench", "--generate", "tiny",
          "--workdir", str(tmp_path / "work"), "--conc", "2", "--own-conc", "2",
          "--window", "0.5", "--voices", "2", "--git-rev", "test", "--json", str(out),
-         "--png", str(png)],
+         "--png", str(png), "--served-extra", "token2wav_precision=bf16"],
         capture_output=True, text=True, timeout=1100,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -34,6 +34,9 @@ def test_bench_compares_the_three_paths(tmp_path: Path) -> None:
         assert row[key] > 0, (key, doc)
     assert row["engine_steps_per_forward"] == 1.0  # the engine's own counter, every forward
     assert doc["served"]["2"]["backend"] == "Code2WavBackend"
+    # the extra reached the engine the plugin built inside vLLM-Omni's stage 2
+    assert doc["served_extras"]["token2wav_precision"] == "bf16"
+    assert doc["served"]["2"]["engine_config"]["precision"] == "bf16"
     assert doc["vllm_omni"]["2"]["backend"] == "BatchedToken2Wav"
     # the weights held once: the engine's, after vLLM-Omni's backend was let go
     assert row["code2wav_weight_gib"] > 0 and row["vllm_omni_weights_freed_gib"] > 0

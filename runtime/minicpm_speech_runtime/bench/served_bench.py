@@ -22,7 +22,8 @@ Where ``vllm`` cannot be installed (the GPU machine), :mod:`.vllm_stand_ins` sta
 names stage-2 code imports; the JSON lists every one that was used.
 
 Usage (one GPU; wheels of vllm-omni, s3tokenizer, HyperPyYAML, ruamel.yaml, soundfile and
-stepaudio2-minicpmo carried)::
+stepaudio2-minicpmo carried, and of msgspec, prettytable, wcwidth and omegaconf, which
+vLLM-Omni's stage-2 modules import, where the machine lacks them)::
 
     python -m minicpm_speech_runtime.bench.served_bench --generate real \
         --campplus-onnx .bench-assets/campplus.onnx --conc 1,8,32,64 --own-conc 1,8,32 \
@@ -275,6 +276,9 @@ def run_served(
         res["max_streams"] = plugin.get("max_streams")
         res["precapture_state"] = (precapture or {}).get("state")
         res["graphs"] = model.backend.engine.graph_stats()
+        cfg = model.backend.engine.config  # what the plugin built from the extras
+        res["engine_config"] = {"precision": cfg.precision, "n_timesteps": cfg.n_timesteps,
+                                "cache_mib": cfg.cache_mib, "max_streams": cfg.max_streams}
     loop.drain()
     close = getattr(model.backend, "close", None)
     if callable(close):
