@@ -54,6 +54,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 import yaml
+from minicpm_speech_contract.bounded import BoundedInputError, load_yaml
 from minicpm_speech_contract.extras import first_problem
 
 from ..engine.workspace import use_serving_allocator
@@ -464,7 +465,8 @@ def model_folder(workdir: Path, generate: str, campplus_onnx: Path | None) -> Pa
 
 def served_extras(pairs: list[str]) -> dict[str, Any]:
     """:data:`SERVED_EXTRAS` with ``--served-extra KEY=VALUE`` overrides (each value read as
-    YAML: ``bf16``, ``16960``, ``true``), refused where the pod would refuse the profile."""
+    YAML by the contract's bounded reader: ``bf16``, ``16960``, ``true``), refused where the
+    pod would refuse the profile."""
     extras = dict(SERVED_EXTRAS)
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -472,7 +474,9 @@ def served_extras(pairs: list[str]) -> dict[str, Any]:
             raise SystemExit(f"--served-extra {pair[:80]!r}: write KEY=VALUE (at most "
                              f"{MAX_EXTRA_CHARS} characters), e.g. token2wav_precision=bf16")
         try:
-            extras[key] = yaml.safe_load(value)
+            extras[key] = load_yaml(value, field=f"--served-extra {key[:80]}")
+        except BoundedInputError as e:
+            raise SystemExit(str(e)) from None
         except yaml.YAMLError:
             raise SystemExit(f"--served-extra {pair[:80]!r}: the value is not YAML") from None
     problem = first_problem(extras)
