@@ -26,7 +26,7 @@ VO_REQUIREMENTS := 'torch===2.13.0' 'vllm==0.30.0' 'vllm-omni==0.30.0' \
 	'soundfile==0.14.0' 'librosa==0.11.0' 'HyperPyYAML==1.2.3' 'speakerlab-slim==0.1.0' \
 	'matplotlib>=3.8' 'pytest>=8.3' 'pytest-asyncio>=0.24' 'pytest-timeout>=2.3'
 
-.PHONY: demo test test-vllm-omni test-real-server test-matrix
+.PHONY: demo test test-vllm-omni test-real-server test-matrix system-packages
 demo: $(VENV)/.installed-demo
 	$(BIN)/minicpm-speech demo
 
@@ -42,11 +42,16 @@ test: $(VENV)/.installed-test
 test-matrix: $(VENV)/.installed-test
 	PYTEST=$(BIN)/pytest tests/thread-matrix
 
-test-vllm-omni: $(VO_VENV)/.installed-vllm-omni-cpu
+test-vllm-omni: system-packages $(VO_VENV)/.installed-vllm-omni-cpu
 	$(VO_BIN)/pytest tests/vllm_omni_lane
 
-test-real-server: $(VO_VENV)/.installed-vllm-omni-cpu
+test-real-server: system-packages $(VO_VENV)/.installed-vllm-omni-cpu
 	MINICPM_SPEECH_REAL_SERVER_LANE=1 $(VO_BIN)/pytest tests/real_server
+
+# Debian packages the tests use (espeak-ng, for the sweep's and the WER run's voices); each
+# target that runs tests asks for them, so any one of them works on a fresh clone.
+system-packages:
+	.ci/system-packages
 
 $(VENV)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,8 +59,7 @@ $(VENV)/.installed-demo: pyproject.toml
 	$(BIN)/$(PIP_INSTALL) -e '.[demo]'
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-demo
-	.ci/system-packages
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-demo | system-packages
 	$(BIN)/$(PIP_INSTALL) -e '.[test]'
 	touch $@
 

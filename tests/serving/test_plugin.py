@@ -129,6 +129,19 @@ def make_fake_class(tokenizer: torch.nn.Module) -> type:
                     table.move_to_end(ref_audio)
             return ref_audio, entry
 
+        def _resolve_prompt(self, state_id: str, info: Any, meta: Any, previous: Any) -> Any:
+            # vLLM-Omni's: a window carrying a reference is normalised, and its refusal raised
+            ref = info.get("codes", {}).get("ref")
+            if meta.get("stale"):
+                raise RuntimeError('MiniCPMO45Code2WavBatchError {"reason": "stale_cache_epoch"}')
+            if ref is None:
+                return "default-ref", "default.wav", None
+            if ref == "nan":
+                raise RuntimeError(
+                    'MiniCPMO45Code2WavBatchError {"reason": "non_finite_ref_audio"}')
+            key, entry = self._materialize_runtime_prompt(ref, meta.get("ref_audio_sr"))
+            return entry.cache_id, entry.path, key
+
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.calls.append(("forward", args))
 
@@ -304,6 +317,41 @@ def test_on_wires_ahead_of_time_preparation_and_precapture(
     assert backend.prep.live_spool_files() == []
     # Only the default voice stays pinned: vLLM-Omni never evicts its default prompt.
     assert list(backend.prep.pins().values()) == [{"default-ref"}]
+    backend.close()
+
+
+def test_a_voice_vllm_omni_refuses_is_a_refused_prompt_not_a_raise(
+    fake_vllm_omni: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path,
+) -> None:
+    """vLLM-Omni's ``_resolve_prompt`` raises for a voice its normalisation refuses, which would
+    end the stage; wrapped, the request gets a prompt the backend serves no audio, and its
+    refusal is recorded under its id for the API server. A failure with no voice to blame is
+    still raised."""
+    from minicpm_speech_runtime.fixtures.synth import wav_bytes
+    from minicpm_speech_runtime.serving.backend import RefusedVoice
+    from minicpm_speech_runtime.serving.refusals import take_refusal
+
+    extras = _deploy(tmp_path, monkeypatch, cfm_graph_precapture=False)
+    plugin.register()
+    model = fake_vllm_omni(extras, model_dir, {"default": wav_bytes(2.0, 24000, seed=1)},
+                           tmp_path)
+    model._build_backend()
+    backend = model.backend
+    info = {"codes": {"ref": "nan"}}
+    cache_id, wav, key = model._resolve_prompt("chatcmpl-7-abcdefgh", info, {}, None)
+    refused = backend.prepare_prompt(cache_id, wav)
+    assert isinstance(refused, RefusedVoice) and "non_finite_ref_audio" in refused.reason
+    assert key is None, "nothing of vLLM-Omni's runtime-prompt table stands behind it"
+    record = take_refusal(tmp_path / "control" / "refusals", "chatcmpl-7")
+    assert record is not None and record.reason == "non_finite_ref_audio"
+    assert all(h.finished for h in backend.setup_batch(refused, 2))
+    monkeypatch.setattr(fake_vllm_omni, "_materialize_runtime_prompt",
+                        lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(RuntimeError, match="stale_cache_epoch"):  # no voice to blame
+        model._resolve_prompt("chatcmpl-8", {"codes": {}}, {"stale": True}, None)
+    model._resolve_prompt("chatcmpl-9", {"codes": {"ref": "a"}}, {}, None)
+    io = take_refusal(tmp_path / "control" / "refusals", "chatcmpl-9")
+    assert io is not None and io.reason == "io-error"
     backend.close()
 
 

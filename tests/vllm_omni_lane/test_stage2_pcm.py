@@ -395,3 +395,35 @@ def test_a_silent_reference_fails_its_request_alone(
     backend = runtime.model.backend
     assert isinstance(backend, Code2WavBackend)
     assert backend.engine.num_streams == 0 and backend.waiting_streams == 0
+
+
+def test_a_voice_vllm_omni_cannot_normalise_fails_its_request_alone(
+    runtime: Code2WavPath, eight_own: dict[str, np.ndarray], plugin_on: Path
+) -> None:
+    """Two of the eight voices are ones vLLM-Omni's own normalisation refuses (NaN and inf
+    samples; no samples at all), raising from ``_materialize_runtime_prompt`` inside
+    ``forward``: unpatched, that ends the stage-2 process. Here ``forward`` returns; those two
+    requests get no audio and a refusal record each, under their request ids, for the API
+    server to answer their clients with; the other six are vLLM-Omni's own audio, decoded in
+    the same forwards."""
+    nan = EIGHT[1].ref.copy()
+    nan[[5, 50, 500]] = [np.nan, np.inf, -np.inf]
+    bad = {EIGHT[1].rid: "non_finite_ref_audio", EIGHT[4].rid: "empty_ref_audio"}
+    requests = [
+        *EIGHT[:1], dataclasses.replace(EIGHT[1], ref=nan), *EIGHT[2:4],
+        dataclasses.replace(EIGHT[4], ref=np.zeros(0, np.float32)), *EIGHT[5:],
+    ]
+    records = plugin_on / "refusals"
+    for old in records.glob("*.json"):
+        old.unlink()
+    ours, our_pcm = runtime.run(requests)
+    for rid in bad:
+        assert our_pcm[rid].size == 0, rid
+        assert any(rid in rids and len(rids) > 1 for rids, _ in ours.forwards), rid
+    found = {p.stem: json.loads(p.read_text()) for p in records.glob("*.json")}
+    assert {rid: doc["reason"] for rid, doc in found.items()} == bad
+    others = {r.rid for r in requests if r.rid not in bad}
+    assert_close({r: our_pcm[r] for r in others}, {r: eight_own[r] for r in others})
+    backend = runtime.model.backend
+    assert isinstance(backend, Code2WavBackend)
+    assert backend.engine.num_streams == 0 and backend.waiting_streams == 0

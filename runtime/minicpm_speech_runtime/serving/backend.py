@@ -75,6 +75,7 @@ from .batched import voice_from_features
 from .metrics import RuntimeMetrics
 from .prompt_memo import PromptMemo
 from .realtime import RealTimeTracker
+from .refusals import REFUSED_PROMPT
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,10 @@ class Code2WavBackend:
         self.inline_prepare = inline_prepare
         self.prep = prep
         self.clock = clock
+        # told ``(request id, message)`` of each request served no audio because preparation
+        # or the engine refused its voice, so its client gets an error (the plugin records it
+        # for the API server; it records the voices vLLM-Omni refused itself)
+        self.on_refused: Callable[[str, str], None] | None = None
         self._features: dict[tuple[str, str], Any] = {}
         self._voices: dict[Any, PreparedVoice] = {}
         self._submitted: set[str] = set()
@@ -250,6 +255,8 @@ class Code2WavBackend:
 
     def prepare_prompt(self, prompt_cache_id: str, prompt_wav: str) -> Any:
         key = (prompt_cache_id, prompt_wav)
+        if prompt_cache_id.startswith(REFUSED_PROMPT):
+            return RefusedVoice(key, prompt_cache_id[len(REFUSED_PROMPT):])
         failed = self._deferred.pop(key, None)
         if failed is not None:
             raise failed
@@ -379,6 +386,7 @@ class Code2WavBackend:
                 if head.previous is None:
                     opened = self.setup_batch(features, len(batch))
                     self._planned_setups.setdefault(key, deque()).append(opened)
+                    self._tell_refused(batch, opened)
                 else:
                     opened = [item.previous.token2wav for item in batch]
             except Exception as exc:  # vLLM-Omni meets it at this batch, and names its requests
@@ -392,6 +400,14 @@ class Code2WavBackend:
             handle.planned = True
         self.metrics.forwards.inc()
         self._run(handles)
+
+    def _tell_refused(self, batch: Sequence[Any], opened: list[StreamHandle]) -> None:
+        if self.on_refused is None:
+            return
+        for item, handle in zip(batch, opened, strict=True):
+            key = (item.prompt_cache_id, item.prompt_wav)
+            if handle.reason == REFUSED and key in self._refused:
+                self.on_refused(str(item.state_id), self._refused[key])
 
     # ----------------------------------------------------------------- start-up and stats
 

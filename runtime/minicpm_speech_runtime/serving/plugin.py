@@ -8,8 +8,9 @@ possibly more than once)::
 :func:`register` decides from the deploy config named by ``MINICPM_SPEECH_DEPLOY_CONFIG``
 (exported by the supervisor): unless its Code2Wav connector extras say
 ``batched_code2wav: true`` it does nothing at all, and vLLM-Omni's own path runs untouched.
-When on, it wraps three methods of vLLM-Omni's ``MiniCPMO45Code2Wav`` (the way vLLM-Omni's own
-NPU patch wraps ``_build_backend``), once per process, guarded by a marker on the class:
+When on, it wraps the methods :data:`WRAPPED` of vLLM-Omni's ``MiniCPMO45Code2Wav`` (the way
+vLLM-Omni's own NPU patch wraps ``_build_backend``), once per process, guarded by a marker on
+the class:
 
 * ``_build_backend``: after vLLM-Omni built its ``BatchedToken2Wav``, and only if this
   stage's own extras say ``batched_code2wav: true``, the backend becomes a
@@ -24,11 +25,22 @@ NPU patch wraps ``_build_backend``), once per process, guarded by a marker on th
   per forward, across every voice.
 * ``_materialize_runtime_prompt``: once vLLM-Omni has written a request's reference WAV, the
   backend's ``submit_ahead`` starts preparing it.
+* ``_resolve_prompt``: a request whose reference voice vLLM-Omni's normalisation refuses gets
+  a refused prompt instead of the raise that would end the stage (see below).
 * ``forward`` and ``on_requests_finished``: held under the backend's ``model_lock``, one at a
   time.
 
-In the API server's process (``vllm serve`` itself), a request error vLLM classifies as the
-client's is answered with its 4xx rather than vLLM-Omni's 500 (:mod:`.api_errors`).
+In the API server's process (``vllm serve`` itself), a request's content is checked before it
+enters the pipeline and a request error vLLM classifies as the client's is answered with its
+4xx rather than vLLM-Omni's 500 (:mod:`.api_errors`, :mod:`.request_checks`). In the stages'
+processes, a Thinker reply too short to speak ends its request without audio rather than the
+Talker's stage (:mod:`.talker_handoff`).
+
+A request whose reference voice stage 2 cannot use fails alone: the wrapped
+``_resolve_prompt`` turns vLLM-Omni's own refusal of the voice (its normalisation raises, which
+would end the stage-2 process) into a prompt the backend serves no audio, and the backend does
+the same for a voice its preparation refuses; each such request is recorded for the API
+server, which answers its client 400 (:mod:`.refusals`).
 
 Preparation from arrival (:mod:`.arrivals`): in the API server's process the plugin wraps
 vLLM-Omni's ``Orchestrator._prewarm_async_chunk_stages``, which runs when a request arrives
@@ -45,13 +57,14 @@ runtime-prompt table it shares with them becomes a
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +81,15 @@ from .control import (
     write_json,
 )
 from .prompt_memo import LockedPromptTable, PromptMemo, raw_reference
+from .refusals import IO_ERROR, REFUSALS_SUBDIR, REFUSED_PROMPT, record_refusal
 
 log = logging.getLogger(__name__)
 
 CODE2WAV_MODULE = "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_code2wav"
 MARKER = "_minicpm_speech_runtime_patched"
-WRAPPED = ("_build_backend", "_iter_decode_batches", "_materialize_runtime_prompt", "forward",
-           "on_requests_finished")
+WRAPPED = ("_build_backend", "_iter_decode_batches", "_materialize_runtime_prompt",
+           "_resolve_prompt", "forward", "on_requests_finished")
+BATCH_ERROR = "MiniCPMO45Code2WavBatchError "
 ORCHESTRATOR_MODULE = "vllm_omni.engine.orchestrator"
 ORCHESTRATOR_WRAPPED = "_prewarm_async_chunk_stages"
 STAGE_BRIDGE_MODULE = "vllm_omni.model_executor.stage_input_processors.minicpmo_4_5_omni"
@@ -120,6 +135,13 @@ def register() -> None:
         log.warning("plugin: vLLM-Omni's MiniCPM-o Code2Wav is not importable (%s)", exc)
         return
     patch_code2wav(module.MiniCPMO45Code2Wav)
+    if multiprocessing.parent_process() is not None:  # a stage's process: the Talker may run
+        try:
+            from .talker_handoff import TALKER_MODULE, patch_talker
+
+            patch_talker(importlib.import_module(TALKER_MODULE))
+        except Exception as exc:  # a one-token reply still ends the Talker's stage
+            log.warning("plugin: vLLM-Omni's Talker is not patched (%s)", str(exc)[:300])
     if multiprocessing.parent_process() is None:  # `vllm serve` itself: the API server
         try:
             from .api_errors import patch_api_server
@@ -138,7 +160,7 @@ def register() -> None:
 
 
 def patch_code2wav(cls: type) -> bool:
-    """Wrap the three methods of ``cls``; False when they were already wrapped."""
+    """Wrap the methods :data:`WRAPPED` of ``cls``; False when they were already wrapped."""
     from .backend import Code2WavBackend
 
     with _lock:
@@ -178,6 +200,17 @@ def patch_code2wav(cls: type) -> bool:
             start_preparation(self, backend, *known)
             return known
 
+        original_resolve = cls._resolve_prompt  # type: ignore[attr-defined]
+
+        def _resolve_prompt(self: Any, state_id: Any, info: Any, meta: Any, previous: Any
+                            ) -> Any:
+            try:
+                return original_resolve(self, state_id, info, meta, previous)
+            except Exception as exc:
+                if not isinstance(self.backend, Code2WavBackend) or not carries_reference(info):
+                    raise
+                return refuse_voice(str(state_id), exc)
+
         original_forward = cls.forward  # type: ignore[attr-defined]
         original_finished = cls.on_requests_finished  # type: ignore[attr-defined]
 
@@ -194,8 +227,44 @@ def patch_code2wav(cls: type) -> bool:
         cls._build_backend = _build_backend  # type: ignore[attr-defined]
         cls._iter_decode_batches = _iter_decode_batches  # type: ignore[attr-defined]
         cls._materialize_runtime_prompt = _materialize_runtime_prompt  # type: ignore[attr-defined]
+        cls._resolve_prompt = _resolve_prompt  # type: ignore[attr-defined]
         setattr(cls, MARKER, True)
         return True
+
+
+def carries_reference(info: Any) -> bool:
+    """Whether a request's window carries a reference voice, where vLLM-Omni reads one."""
+    codes = info.get("codes") if isinstance(info, Mapping) else None
+    return isinstance(codes, Mapping) and codes.get("ref") is not None
+
+
+def refuse_voice(request_id: str, exc: Exception) -> tuple[str, str, None]:
+    """The prompt of a request whose reference voice vLLM-Omni could not normalise: the request
+    gets no audio (the backend refuses the prompt) and the API server is told, so its client
+    gets an error, while the rest of the forward goes on. vLLM-Omni would raise, ending the
+    stage-2 process and every stream on the pod."""
+    reason = refusal_reason(exc)
+    message = f"stage 2 could not use the reference voice ({reason}): {exc}"[:300]
+    log.warning("Code2Wav request %s refused: %s", request_id[:100], message)
+    control = control_dir_from_env()
+    if control is not None:
+        record_refusal(control / REFUSALS_SUBDIR, request_id, reason, message)
+    return f"{REFUSED_PROMPT}{reason}", "", None
+
+
+def refusal_reason(exc: Exception) -> str:
+    """vLLM-Omni's reason code of a batch error (``non_finite_ref_audio``), ``io-error`` for a
+    fault of the stage's own disk, else the exception's type."""
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and text.startswith(BATCH_ERROR):
+        with contextlib.suppress(ValueError):
+            payload = json.loads(text[len(BATCH_ERROR):])
+            reason = payload.get("reason") if isinstance(payload, dict) else None
+            if isinstance(reason, str):
+                return reason[:80]
+    if isinstance(exc, OSError):
+        return IO_ERROR
+    return type(exc).__name__[:80]
 
 
 def remembered_prompt(
@@ -346,6 +415,9 @@ def install_runtime_backend(model: Any) -> Any:
     }
     _replace_backend(model, backend)
     del inner
+    if control is not None:
+        backend.on_refused = lambda request_id, message: record_refusal(
+            control / REFUSALS_SUBDIR, request_id, "voice", message)
     prompts = getattr(model, "_runtime_prompt_cache_size", 0)
     if isinstance(prompts, int):  # as many raw voices as vLLM-Omni keeps prompts, and streams
         streams = backend.engine.config.max_streams

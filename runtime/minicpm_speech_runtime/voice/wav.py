@@ -25,6 +25,9 @@ MIN_SAMPLE_RATE = 8_000
 MAX_SAMPLE_RATE = 192_000
 # Peak below about -80 dBFS counts as silence: nothing to take a voice from.
 SILENCE_PEAK = 1e-4
+# A reference file larger than this is refused before it is decoded: 30 s of 48 kHz 64-bit
+# float is 11.5 MB, so no accepted voice needs more.
+MAX_BYTES = 16 * 1024 * 1024
 
 _FORMAT_PCM = 0x0001
 _FORMAT_FLOAT = 0x0003
@@ -127,6 +130,8 @@ def decode_wav(data: bytes) -> DecodedAudio:
     """Decode a mono WAV file held in memory, refusing anything unusable for a voice prompt."""
     if not data:
         raise BadReference("empty", "no bytes")
+    if len(data) > MAX_BYTES:
+        raise BadReference("too-large", f"{len(data)} bytes; at most {MAX_BYTES} accepted")
     chunks = _chunks(data)
     if b"fmt " not in chunks:
         raise BadReference("corrupt", "no fmt chunk")
@@ -135,13 +140,34 @@ def decode_wav(data: bytes) -> DecodedAudio:
     fmt = _parse_format(chunks[b"fmt "])
     if fmt.channels != 1:
         raise BadReference("multi-channel", f"{fmt.channels} channels; send a mono reference")
-    if not MIN_SAMPLE_RATE <= fmt.sample_rate <= MAX_SAMPLE_RATE:
-        raise BadReference("sample-rate", f"{fmt.sample_rate} Hz is outside the accepted range")
+    check_sample_rate(fmt.sample_rate)
     body = chunks[b"data"]
     if len(body) % fmt.block_align:
         raise BadReference("truncated", "data chunk ends inside a sample frame")
     samples = _samples(fmt, body)
     return validate(DecodedAudio(samples, fmt.sample_rate))
+
+
+def check_sample_rate(rate: int) -> None:
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise BadReference(
+            "sample-rate",
+            f"{rate} Hz is outside the accepted {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz",
+        )
+
+
+def validate_samples(samples: np.ndarray, sample_rate: int) -> DecodedAudio:
+    """The rules of :func:`decode_wav` for audio another decoder produced: mono float samples
+    at ``sample_rate``, of any container."""
+    check_sample_rate(sample_rate)
+    wave = np.asarray(samples)
+    if wave.ndim > 1 and sum(int(n) > 1 for n in wave.shape) > 1:
+        raise BadReference("multi-channel", f"samples of shape {wave.shape}; send a mono reference")
+    if not np.issubdtype(wave.dtype, np.floating) and not np.issubdtype(wave.dtype, np.integer):
+        raise BadReference("unsupported-encoding", f"samples of type {wave.dtype}")
+    if wave.size * 4 > MAX_BYTES:
+        raise BadReference("too-large", f"{wave.size} samples; at most {MAX_BYTES // 4} accepted")
+    return validate(DecodedAudio(wave.reshape(-1).astype(np.float32), int(sample_rate)))
 
 
 def validate(audio: DecodedAudio) -> DecodedAudio:
