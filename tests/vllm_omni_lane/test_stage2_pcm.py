@@ -376,18 +376,22 @@ def test_voices_are_prepared_from_arrival_before_their_first_window(
 
 
 def test_a_silent_reference_fails_its_request_alone(
-    runtime: Code2WavPath, eight_own: dict[str, np.ndarray]
+    runtime: Code2WavPath, eight_own: dict[str, np.ndarray], plugin_on: Path
 ) -> None:
     """One of the eight voices is silence, which vLLM-Omni accepts and this project's
     preparation refuses. vLLM-Omni would fail the whole forward on a backend error; here that
-    request alone gets no audio, and the other seven, in the same forwards, are vLLM-Omni's own
-    audio."""
+    request alone gets no audio and a refusal record for the API server to answer its client
+    with, and the other seven, in the same forwards, are vLLM-Omni's own audio."""
     silent = dataclasses.replace(EIGHT[2], ref=np.zeros_like(EIGHT[2].ref))
     requests = [*EIGHT[:2], silent, *EIGHT[3:]]
     refused = "minicpm_speech_code2wav_refused_requests_total"
     before = REGISTRY.get_sample_value(refused, {"reason": "voice"}) or 0.0
+    for old in (plugin_on / "refusals").glob("*.json"):
+        old.unlink()
     ours, our_pcm = runtime.run(requests)
     assert our_pcm[silent.rid].size == 0
+    (record,) = (plugin_on / "refusals").glob("*.json")
+    assert record.stem == silent.rid and "silent" in json.loads(record.read_text())["message"]
     assert (REGISTRY.get_sample_value(refused, {"reason": "voice"}) or 0.0) - before == 1
     assert any(silent.rid in rids and len(rids) > 1 for rids, _ in ours.forwards)
     others = {r.rid for r in requests if r is not silent}
