@@ -36,7 +36,7 @@ skip_outside_lane()
 
 pytestmark = pytest.mark.timeout(1800)
 SEED = int(os.environ.get("MINICPM_SPEECH_FUZZ_SEED", "20261207"))
-COUNT = int(os.environ.get("MINICPM_SPEECH_FUZZ_CASES", "240"))
+COUNT = int(os.environ.get("MINICPM_SPEECH_FUZZ_CASES", "200"))
 GROUP = 8  # cases sent at once, beside one good request
 TIME_BUDGET_S = 900.0
 REQUEST_TIMEOUT_S = 180.0
@@ -121,7 +121,8 @@ def test_a_voice_stage_2_refuses_fails_its_request_alone_with_an_error(pod: Pod)
     """A reference that passes the door (8 s, audible at the end) but whose first 6 s are
     silence: vLLM-Omni keeps only those (``ref_audio_max_seconds``), and stage 2's preparation
     refuses silence. That request is answered 400 naming ``ref_audio``, by way of stage 2's
-    refusal record; the good request sent beside it, in the same forwards, gets its audio."""
+    refusal record; the good request sent beside it, in the same forwards, gets its audio.
+    Streamed, the same request ends with an error event naming the reason, then ``[DONE]``."""
     processes = Processes.of(pod)
     rate = 24000
     x = np.concatenate([np.zeros(int(6.5 * rate)), noise(np.random.default_rng(3), 1.5, rate)])
@@ -134,9 +135,63 @@ def test_a_voice_stage_2_refuses_fails_its_request_alone_with_an_error(pod: Pod)
     error = refused_answer.error()
     assert error.get("param") == "ref_audio" and "silent" in error.get("message", ""), error
     assert served(beside_answer), beside_answer.body[:300]
+    streamed = send(pod, encode({**json.loads(late_voice), "stream": True}))
+    assert streamed.status == 200, "a stream's status is sent before stage 2 sees the voice"
+    events = [json.loads(line[len(b"data:"):]) for line in streamed.body.splitlines()
+              if line.startswith(b"data:") and line.strip() != b"data: [DONE]"]
+    errors = [e["error"] for e in events if "error" in e]
+    assert errors and "silent" in errors[-1]["message"], events[-2:]
+    assert streamed.body.rstrip().endswith(b"data: [DONE]")
     assert served(good_request(pod))
     assert list((pod.control / "refusals").glob("*.json")) == [], "a record was left unread"
     assert_pod_unharmed(pod, processes, "a voice stage 2 refused")
+
+
+def stereo_flac(seconds: float, rate: int) -> bytes:
+    import io
+
+    import soundfile as sf
+
+    rng = np.random.default_rng(4)
+    buffer = io.BytesIO()
+    sf.write(buffer, np.stack([noise(rng, seconds, rate)] * 2, axis=1), rate, format="FLAC")
+    return buffer.getvalue()
+
+
+UNUSUAL_VOICES = [
+    # (name, ref_audio, status, what the answer or the server's log says)
+    ("328 s of 16 kHz PCM", lambda: data_uri(wav_bytes(
+        noise(np.random.default_rng(5), 328.0, 16000), 16000, tag=1, bits=16)),
+     400, "(too-long)"),
+    ("stereo 8 kHz 32-bit PCM WAV", lambda: data_uri(wav_bytes(
+        np.repeat(noise(np.random.default_rng(6), 3.0, 8000), 2), 8000, tag=1, bits=32,
+        channels=2)), 400, "(multi-channel)"),
+    ("stereo 22.05 kHz FLAC", lambda: data_uri(stereo_flac(3.0, 22050), "audio/flac"),
+     200, ""),
+    ("29 s of 8 kHz PCM", lambda: data_uri(wav_bytes(
+        noise(np.random.default_rng(7), 29.0, 8000), 8000, tag=1, bits=16)),
+     200, "Reference audio is 29.00s, truncating to the 6.00s window"),
+]
+
+
+@pytest.mark.parametrize(("name", "ref_audio", "status", "says"), UNUSUAL_VOICES,
+                         ids=[v[0] for v in UNUSUAL_VOICES])
+def test_what_the_served_path_refuses_trims_or_converts(
+        pod: Pod, name: str, ref_audio: Any, status: int, says: str) -> None:
+    """What the README's "Bad input" says of voices past the rules or beside them: refused at
+    the door with the rule named, or served after vLLM-Omni downmixes (a container other than
+    WAV, through vLLM's media loader), resamples to 24 kHz and keeps the first
+    ``ref_audio_max_seconds`` (6 s) of it."""
+    processes = Processes.of(pod)
+    log_before = len(pod.log_tail(10**8))
+    answer = send(pod, encode(speech_body("Unusual voice.", ref_audio=ref_audio())))
+    assert answer.status == status, f"{name}: {answer.status} {answer.body[:300]!r}"
+    if status == 200:
+        assert served(answer)
+        assert says in pod.log_tail(10**8)[log_before:], f"{name}: the log does not say {says}"
+    else:
+        assert answer.error().get("param") == "ref_audio" and says in answer.error()["message"]
+    assert_pod_unharmed(pod, processes, name)
 
 
 def test_the_request_fuzzer_finds_no_5xx_and_no_restart(pod: Pod, tmp_path: Path) -> None:
