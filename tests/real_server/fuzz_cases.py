@@ -337,16 +337,16 @@ def sampling_case(rng: np.random.Generator, r: random.Random) -> Case:
     ])
     blocks = [dict(b) for b in base]
     blocks[stage][key] = value
-    shape = r.choice(["list", "list", "short", "long", "not-dicts", "string"])
+    shape = r.choice(["list", "list", "short", "long", "not-dicts", "string", "null"])
     value_of: Any = {
         "list": blocks, "short": blocks[:1], "long": [*blocks, *blocks],
-        "not-dicts": [1, "x", None], "string": "temperature=0",
+        "not-dicts": [1, "x", None], "string": "temperature=0", "null": None,
     }[shape]
     carried = shape in ("one", "list", "long") or (shape == "short" and stage == 0)
     harmless = (key, value) in (("seed", -1), ("max_tokens", 4))
     return Case(f"sampling-{shape}:{stage}.{key}={str(value)[:12]}",
                 encode(speech_body(sampling_params_list=value_of)),
-                shape in ("long", "not-dicts", "string") or (carried and not harmless))
+                shape in ("long", "not-dicts", "string", "null") or (carried and not harmless))
 
 
 BODY_KINDS: list[Callable[[np.random.Generator, random.Random], Case]] = [

@@ -138,8 +138,13 @@ def test_an_integer_no_64_bit_field_holds_is_refused() -> None:
         "sampling_params_list[0].max_tokens")
 
 
+def test_blocks_that_are_not_a_list_of_objects_are_refused_saying_what_is_wanted() -> None:
+    assert "list of objects" in str(sampling_refusal("temperature=0"))
+    assert "list of objects" in str(sampling_refusal(None))
+    assert sampling_refusal([{}, 5]).parameter == "sampling_params_list[1]"
+
+
 def test_good_blocks_and_rules_across_values_are_left_to_the_class() -> None:
     check_sampling_blocks([{"max_tokens": 8}, {"temperature": 0.0}], lambda i: Params)
     check_sampling_blocks([{"max_tokens": 0}], lambda i: Params)  # the class's own 400
     check_sampling_blocks([{"anything": 1}], lambda i: None)  # a stage beyond the pipeline
-    check_sampling_blocks("not a list", lambda i: Params)

@@ -185,15 +185,15 @@ def patch_api_server() -> bool:
     cls = getattr(module, CHAT_CLASS)
 
     def as_client_error(exc: RequestRefused) -> Any:
-        return VLLMValidationError(str(exc), parameter=exc.parameter)
+        # vLLM's message ends "(parameter=<field>)" and its error's ``param`` names the field
+        return VLLMValidationError(exc.detail, parameter=exc.parameter)
 
     def error_of(refusal: Refusal) -> BaseException:
         error: BaseException
         if refusal.reason == IO_ERROR:
             error = VLLMServerError(refusal.message)
         else:
-            error = VLLMValidationError(f"{REFERENCE_FIELD}: {refusal.message}",
-                                        parameter=REFERENCE_FIELD)
+            error = VLLMValidationError(refusal.message, parameter=REFERENCE_FIELD)
         return error
 
     def params_class_of(handler: Any, index: int) -> type | None:

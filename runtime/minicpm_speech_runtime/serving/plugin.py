@@ -417,7 +417,8 @@ def install_runtime_backend(model: Any) -> Any:
     del inner
     if control is not None:
         backend.on_refused = lambda request_id, message: record_refusal(
-            control / REFUSALS_SUBDIR, request_id, "voice", message)
+            control / REFUSALS_SUBDIR, request_id, "voice",
+            f"stage 2 could not use the reference voice: {message}")
     prompts = getattr(model, "_runtime_prompt_cache_size", 0)
     if isinstance(prompts, int):  # as many raw voices as vLLM-Omni keeps prompts, and streams
         streams = backend.engine.config.max_streams

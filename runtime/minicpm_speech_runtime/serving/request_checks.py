@@ -54,7 +54,7 @@ class RequestRefused(Exception):
 
     def __init__(self, parameter: str, message: str) -> None:
         super().__init__(f"{parameter}: {message}")
-        self.parameter = parameter
+        self.parameter, self.detail = parameter, message
 
 
 def refused_reference(exc: BadReference) -> RequestRefused:
@@ -122,15 +122,20 @@ def check_decoded_reference(reference: object) -> None:
 def check_sampling_blocks(blocks: object, params_class_of: Callable[[int], type | None]) -> None:
     """Refuse a sampling block with a key that stage's parameters class lacks, a value of the
     wrong type for its field, or an integer no 64-bit field holds; ``params_class_of(i)`` is
-    the class stage ``i``'s block becomes (None: not known, not checked). Rules across values
+    the class stage ``i``'s block becomes (None: not known, not checked). vLLM-Omni calls this
+    only for a body that has the field, so ``null`` is a client's too. Rules across values
     (``min_tokens`` above ``max_tokens``, say) are left to the class, which vLLM answers 400."""
     if not isinstance(blocks, Sequence) or isinstance(blocks, (str, bytes)):
-        return  # vLLM-Omni refuses it with a 400 of its own
+        raise RequestRefused(SAMPLING_FIELD, "must be a list of objects, one per stage "
+                             "(Thinker, Talker, Code2Wav)")
     for index, block in enumerate(blocks):
         cls = params_class_of(index)
-        if cls is None or not isinstance(block, Mapping):
-            continue
         where = f"{SAMPLING_FIELD}[{index}]"
+        if cls is None:
+            continue  # a block beyond the pipeline: vLLM-Omni answers it, naming the count
+        if not isinstance(block, Mapping):
+            raise RequestRefused(where, f"must be an object of sampling parameters, not "
+                                 f"{type(block).__name__}")
         unknown = sorted(str(k) for k in block if k not in field_names(cls))
         if unknown:
             raise RequestRefused(
