@@ -57,10 +57,10 @@ class Answer:
         return error if isinstance(error, dict) else {}
 
 
-def send(pod: Pod, body: bytes) -> Answer:
+def send(pod: Pod, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> Answer:
     request = urllib.request.Request(
         f"{pod.base}/v1/chat/completions", data=body,
-        headers={"Content-Type": "application/json"}, method="POST")
+        headers={"Content-Type": "application/json", **dict(headers)}, method="POST")
     begin = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
@@ -108,7 +108,7 @@ def test_a_case_that_once_broke_the_pod_is_answered_and_the_next_is_served(
     """Content the server cannot serve is answered 4xx naming its field; the rest is served
     (a one-token reply: its text, no audio). Either way the pod serves on."""
     processes = Processes.of(pod)
-    answer = send(pod, case.body)
+    answer = send(pod, case.body, case.headers)
     assert answer.status < 500, f"{case.name}: {answer.status} {answer.body[:300]!r}"
     if case.must_refuse:
         assert 400 <= answer.status < 500, f"{case.name}: {answer.status} {answer.body[:300]!r}"
@@ -204,7 +204,7 @@ def test_the_request_fuzzer_finds_no_5xx_and_no_restart(pod: Pod, tmp_path: Path
         group = cases[at:at + GROUP]
         with ThreadPoolExecutor(max_workers=GROUP + 1) as pool:
             beside = pool.submit(good_request, pod, at)
-            sent = [pool.submit(send, pod, c.body) for c in group]
+            sent = [pool.submit(send, pod, c.body, c.headers) for c in group]
             answers = [f.result() for f in sent]
             beside_answer = beside.result()
         for case, answer in zip(group, answers, strict=True):

@@ -14,6 +14,7 @@ from minicpm_speech_runtime.serving.request_checks import (
     RequestRefused,
     check_decoded_reference,
     check_reference_source,
+    check_request_id,
     check_sampling_blocks,
 )
 from minicpm_speech_runtime.voice.wav import MAX_BYTES, encode_wav_pcm16
@@ -148,3 +149,15 @@ def test_good_blocks_and_rules_across_values_are_left_to_the_class() -> None:
     check_sampling_blocks([{"max_tokens": 8}, {"temperature": 0.0}], lambda i: Params)
     check_sampling_blocks([{"max_tokens": 0}], lambda i: Params)  # the class's own 400
     check_sampling_blocks([{"anything": 1}], lambda i: None)  # a stage beyond the pipeline
+
+
+@pytest.mark.parametrize("value", ["x/y", "a" * 129, "sp ace", "", "ünï", "-lead", 12])
+def test_a_request_id_the_stages_cannot_carry_is_refused(value: object) -> None:
+    with pytest.raises(RequestRefused) as caught:
+        check_request_id(value, "X-Request-Id")
+    assert caught.value.parameter == "X-Request-Id" and "letters, digits" in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [None, "chatcmpl-1", "ok.id:1-2_3", "a" * 128])
+def test_a_request_id_the_stages_carry_passes(value: object) -> None:
+    check_request_id(value, "request_id")

@@ -15,6 +15,8 @@ vLLM-Omni's ``OmniOpenAIServingChat`` are wrapped:
   stage 2: the voice rules run on the URI before it is decoded and on the samples after.
 * ``_to_sampling_params_list``, where the body's ``sampling_params_list`` becomes each stage's
   parameters: unknown keys and ill-typed values are refused, naming the key.
+* ``create_chat_completion`` again, inside the first: a request id the client chose
+  (``request_id``, ``X-Request-Id``) that the stages cannot carry is refused.
 * ``chat_completion_full_generator`` and ``chat_completion_stream_generator``: with each output
   of the request they read, the record of a voice that stage 2 refused (:mod:`.refusals`) is
   looked for; one found ends the request with a 400 naming ``ref_audio`` (an error event when
@@ -36,9 +38,12 @@ from .control import control_dir_from_env
 from .refusals import IO_ERROR, REFUSALS_SUBDIR, Refusal, take_refusal
 from .request_checks import (
     REFERENCE_FIELD,
+    REQUEST_ID_FIELD,
+    REQUEST_ID_HEADER,
     RequestRefused,
     check_decoded_reference,
     check_reference_source,
+    check_request_id,
     check_sampling_blocks,
 )
 
@@ -74,6 +79,22 @@ def _wrap_chat_errors(cls: type, client_error: type[BaseException], as_client_er
             return self.create_error_response(refused)
         except client_error as exc:
             return self.create_error_response(exc)
+
+    cls.create_chat_completion = create_chat_completion  # type: ignore[attr-defined]
+
+
+def patch_request_id_checks(cls: type) -> None:
+    """Check the request id a client chose before ``cls.create_chat_completion`` uses it."""
+    original = cls.create_chat_completion  # type: ignore[attr-defined]
+
+    @functools.wraps(original)
+    async def create_chat_completion(self: Any, request: Any, raw_request: Any = None,
+                                     *args: Any, **kwargs: Any) -> Any:
+        check_request_id(getattr(request, REQUEST_ID_FIELD, None), REQUEST_ID_FIELD)
+        headers = getattr(raw_request, "headers", None)
+        if headers is not None:
+            check_request_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER)
+        return await original(self, request, raw_request, *args, **kwargs)
 
     cls.create_chat_completion = create_chat_completion  # type: ignore[attr-defined]
 
@@ -210,6 +231,7 @@ def patch_api_server() -> bool:
             return False
         patch_reference_checks(cls, pipeline.MINICPMO45_REFERENCE_AUDIO_KEY)
         patch_sampling_checks(cls, params_class_of)
+        patch_request_id_checks(cls)
         control = control_dir_from_env()
         patch_refusal_checks(cls, None if control is None else control / REFUSALS_SUBDIR,
                              error_of)

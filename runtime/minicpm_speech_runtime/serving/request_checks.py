@@ -12,7 +12,9 @@ decided here, in the API server's process, and refused with a 400 that names the
   (:func:`check_decoded_reference`);
 * the per-stage sampling blocks (``sampling_params_list``): every key must be a field of the
   stage's parameters class, and a value the class cannot take is named by its key
-  (:func:`check_sampling_blocks`), where vLLM-Omni would answer a bare ``TypeError`` with 500.
+  (:func:`check_sampling_blocks`), where vLLM-Omni would answer a bare ``TypeError`` with 500;
+* a request id the client chose (``request_id``, ``X-Request-Id``): one the stages' hand-over
+  cannot carry would leave its request waiting forever (:func:`check_request_id`).
 
 Nothing here imports vLLM: :mod:`.api_errors` turns a :class:`RequestRefused` into vLLM's own
 error response.
@@ -40,6 +42,12 @@ from ..voice.wav import (
 
 REFERENCE_FIELD = "ref_audio"
 SAMPLING_FIELD = "sampling_params_list"
+REQUEST_ID_FIELD = "request_id"
+REQUEST_ID_HEADER = "X-Request-Id"
+# vLLM-Omni names each request's shared-memory hand-over between stages after its id: one with
+# a "/" or longer than about 250 characters never reaches stage 2, and its client waits forever.
+MAX_REQUEST_ID = 128
+_REQUEST_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{MAX_REQUEST_ID - 1}}}")
 # base64 of MAX_BYTES, and room for the longest media type a data URI carries
 MAX_REFERENCE_URI_CHARS = 4 * ((MAX_BYTES + 2) // 3) + 256
 _DATA_URI = re.compile(r"data:(?P<type>[^,;]{0,127})(?P<params>(;[^,;]{0,127}){0,8}),", re.ASCII)
@@ -55,6 +63,17 @@ class RequestRefused(Exception):
     def __init__(self, parameter: str, message: str) -> None:
         super().__init__(f"{parameter}: {message}")
         self.parameter, self.detail = parameter, message
+
+
+def check_request_id(value: object, field: str) -> None:
+    """Refuse a client's request id (body field or header) the pipeline cannot carry."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
+        raise RequestRefused(
+            field, f"{str(value)[:40]!r} is not a request id this server can carry: use 1 to "
+            f"{MAX_REQUEST_ID} letters, digits, '.', '_', ':' or '-', starting with a letter "
+            "or digit")
 
 
 def refused_reference(exc: BadReference) -> RequestRefused:
