@@ -35,6 +35,7 @@ class Case:
     body: bytes
     must_refuse: bool = False
     headers: tuple[tuple[str, str], ...] = ()
+    says: str = ""  # what a refusal's message must contain
 
     @property
     def family(self) -> str:
@@ -111,8 +112,8 @@ def data_uri(data: bytes, media: str = "audio/wav") -> str:
     return f"data:{media};base64," + base64.b64encode(data).decode()
 
 
-def with_voice(name: str, ref_audio: Any, must_refuse: bool = False) -> Case:
-    return Case(name, encode(speech_body(ref_audio=ref_audio)), must_refuse)
+def with_voice(name: str, ref_audio: Any, must_refuse: bool = False, says: str = "") -> Case:
+    return Case(name, encode(speech_body(ref_audio=ref_audio)), must_refuse, says=says)
 
 
 # ---------------------------------------------------------------- the voice family
@@ -383,21 +384,24 @@ def draw(seed: int, count: int) -> list[Case]:
 def _nan_inf_voice() -> Case:
     x = noise(np.random.default_rng(1), 3.0)
     x[[10, 20, 30, 40]] = [np.nan, np.inf, -np.inf, np.nan]
-    return with_voice("regression:nan-inf-voice", data_uri(wav_bytes(x)), True)
+    return with_voice("regression:nan-inf-voice", data_uri(wav_bytes(x)), True,
+                      "bad reference audio (non-finite)")
 
 
 REGRESSIONS: list[Case] = [
     # stage 2's engine died on vLLM-Omni's non_finite_ref_audio; every later request got 500
     _nan_inf_voice(),
     # a valid header over an empty data chunk: empty_ref_audio, the same death
-    with_voice("regression:empty-data-chunk", data_uri(wav_bytes(np.zeros(0))), True),
+    with_voice("regression:empty-data-chunk", data_uri(wav_bytes(np.zeros(0))), True,
+               "bad reference audio (empty)"),
     # an unknown sampling key answered 500 "Unexpected keyword argument"
     Case("regression:unknown-sampling-key",
          encode(speech_body(sampling_params_list=[{"max_tokens": 8, "no_such_param": 1}])),
-         True),
+         True, says="unknown sampling parameter 'no_such_param'"),
     # an ill-typed sampling value answered 500 ("'<' not supported")
     Case("regression:string-max-tokens",
-         encode(speech_body(sampling_params_list=[{"max_tokens": "8"}])), True),
+         encode(speech_body(sampling_params_list=[{"max_tokens": "8"}])), True,
+         says="a value of the wrong type"),
     # a one-token Thinker reply left the Talker no condition; its stage died ("requires tensor
     # tts_token_ids"), and every later request got 500. Now: text, no audio.
     Case("regression:one-token-reply", encode(speech_body(capped=False, max_tokens=1))),
@@ -405,5 +409,6 @@ REGRESSIONS: list[Case] = [
     Case("regression:stop-at-first-token", encode(speech_body(capped=False, stop=["!"]))),
     # a request id with a "/" (or past about 250 characters) never reached stage 2: its client
     # waited forever
-    Case("regression:slash-in-request-id", encode(speech_body(request_id="x/y")), True),
+    Case("regression:slash-in-request-id", encode(speech_body(request_id="x/y")), True,
+         says="not a request id this server can carry"),
 ]

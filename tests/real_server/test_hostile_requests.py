@@ -105,14 +105,17 @@ def assert_pod_unharmed(pod: Pod, processes: Processes, after: str) -> None:
 @pytest.mark.parametrize("case", REGRESSIONS, ids=[c.name for c in REGRESSIONS])
 def test_a_case_that_once_broke_the_pod_is_answered_and_the_next_is_served(
         pod: Pod, case: Case) -> None:
-    """Content the server cannot serve is answered 4xx naming its field; the rest is served
-    (a one-token reply: its text, no audio). Either way the pod serves on."""
+    """Content the server cannot serve is answered 4xx naming its field, by the API server's
+    check before the pipeline; the rest is served (a one-token reply: its text, no audio).
+    Either way the pod serves on."""
     processes = Processes.of(pod)
     answer = send(pod, case.body, case.headers)
     assert answer.status < 500, f"{case.name}: {answer.status} {answer.body[:300]!r}"
     if case.must_refuse:
         assert 400 <= answer.status < 500, f"{case.name}: {answer.status} {answer.body[:300]!r}"
         assert answer.error().get("param"), f"{case.name}: no field named: {answer.body!r}"
+        # refused by the API server's own check, before the pipeline, not contained later
+        assert case.says in answer.error().get("message", ""), answer.body[:300]
     assert served(good_request(pod)), f"not served after {case.name}"
     assert_pod_unharmed(pod, processes, case.name)
 
