@@ -5,7 +5,7 @@ vLLM-Omni 0.30's chat endpoint (``api_server.create_chat_completion``) turns eve
 its handler raises into HTTP 500, so a request vLLM itself refuses with a
 ``VLLMValidationError`` (say ``max_tokens`` above the model's context) reaches the client as a
 server fault, which clients retry and alerts count. Plain vLLM answers the same request 400:
-its own handlers map ``VLLMClientError`` through ``create_error_response``. Three methods of
+its own handlers map ``VLLMClientError`` through ``create_error_response``. These methods of
 vLLM-Omni's ``OmniOpenAIServingChat`` are wrapped:
 
 * ``create_chat_completion``: a ``VLLMClientError`` or a :class:`.request_checks.RequestRefused`

@@ -21,10 +21,11 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .control import write_json
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +60,8 @@ def record_refusal(directory: Path, request_id: str, reason: str, message: str,
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _prune(directory, time.time() if now is None else now)
-        target = directory / (file_stem(request_id) + SUFFIX)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".refusal-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"reason": reason[:80], "message": message[:MAX_MESSAGE]}, f)
-            os.replace(tmp, target)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        return target
+        return write_json(directory, file_stem(request_id) + SUFFIX,
+                          {"reason": reason[:80], "message": message[:MAX_MESSAGE]})
     except OSError as exc:
         log.warning("refusal of request %s not recorded (%s); its client gets no audio and no "
                     "error", request_id[:100], exc)
